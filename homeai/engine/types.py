@@ -1,0 +1,95 @@
+"""The few plain types that cross boundaries: sampling parameters, a token delta, a step plan and its output.
+
+Nothing here imports torch, so the scheduler (which plans steps) stays free of the model runtime.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended; values are the OpenAI finish reasons."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # 1.0: off (CTRL-style, applied to prompt and output tokens)
+    presence_penalty: float = 0.0  # OpenAI-style, output tokens only
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(slots=True)
+class TokenDelta:
+    """What a stream consumer receives after a step: new text (never a broken character or partial stop)."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """One sequence's share of a step: compute tokens [start, start + num_tokens) of its known tokens.
+
+    There is no prefill or decode phase: a decode is a chunk of one token at the end; a prefill is a
+    chunk of the prompt. ``sample`` is true when the chunk reaches the end of the known tokens, so the
+    step must produce the sequence's next token.
+    """
+
+    seq_id: int
+    start: int
+    num_tokens: int
+    sample: bool
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """The scheduler's decision for one forward pass over a flat batch of chunks."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)  # seq ids sent back to waiting this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What the runner produced: the next token for each sequence whose chunk sampled."""
+
+    sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token id
+    logprobs: dict[int, float] = field(default_factory=dict)  # seq_id -> logprob of the sampled token

@@ -1,0 +1,1 @@
+"""Per-request timings and aggregates."""

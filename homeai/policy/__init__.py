@@ -1,0 +1,1 @@
+"""Workload-class policy: YAML schema, validation, hot swap."""

@@ -1,0 +1,1 @@
+"""The model repository: entries under models/, pulling and converting weights."""

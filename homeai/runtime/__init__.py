@@ -1,0 +1,1 @@
+"""Torch model code, weight loading (GGUF, safetensors), tokenizers, sampling."""
