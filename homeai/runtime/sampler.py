@@ -1,0 +1,168 @@
+"""Batched next-token sampling: penalties, temperature, top-k / top-p / min-p, then a per-row race.
+
+Sampling uses the exponential race: ``argmax(probs / q)`` with ``q ~ Exp(1)`` picks token i with
+probability p_i. Each row draws its own noise from its own generator, so a seeded request gets the
+same tokens whatever its batch neighbours are (``torch.multinomial`` over the batch would share one
+random stream). Everything else is one tensor op over the whole batch; work no row needs is skipped,
+and the host sees the result through a single device->host copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from homeai.engine.types import SamplingParams
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    """A request's own random stream on ``device``; a nondeterministic seed when ``seed`` is None."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def _count_ids(rows: list[list[int]], vocab_size: int, device: torch.device) -> Tensor:
+    """Occurrences of each id per row, [N, V] float, by one scatter_add over a padded id tensor."""
+    width = max((len(row) for row in rows), default=0)
+    counts = torch.zeros(len(rows), vocab_size + 1, device=device)
+    if width == 0:
+        return counts[:, :vocab_size]
+    # Padding points at an extra column (vocab_size) that is cut off afterwards.
+    padded = torch.tensor([row + [vocab_size] * (width - len(row)) for row in rows], dtype=torch.long)
+    if device.type == "cuda":
+        padded = padded.pin_memory()
+    ids = padded.to(device, non_blocking=True)
+    counts.scatter_add_(1, ids, torch.ones(ids.shape, device=device))
+    return counts[:, :vocab_size]
+
+
+def _column(values: list[float], device: torch.device) -> Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def apply_penalties(
+    logits: Tensor, params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]]
+) -> Tensor:
+    """Repetition (CTRL/HF, prompt + output), then frequency and presence (OpenAI, output only).
+
+    Returns a new tensor (or ``logits`` itself when no row asks for a penalty).
+    """
+    vocab_size = logits.shape[1]
+    device = logits.device
+    if any(p.repetition_penalty != 1.0 for p in params):
+        rows = [
+            prompt + output if p.repetition_penalty != 1.0 else []
+            for p, prompt, output in zip(params, prompt_ids, output_ids, strict=True)
+        ]
+        seen = _count_ids(rows, vocab_size, device) > 0
+        penalty = _column([p.repetition_penalty for p in params], device)
+        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(seen, penalized, logits)
+    if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
+        rows = [
+            output if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) else []
+            for p, output in zip(params, output_ids, strict=True)
+        ]
+        counts = _count_ids(rows, vocab_size, device)
+        frequency = _column([p.frequency_penalty for p in params], device)
+        presence = _column([p.presence_penalty for p in params], device)
+        logits = logits - counts * frequency - (counts > 0).float() * presence
+    return logits
+
+
+def _top_k_top_p(logits: Tensor, top_ks: list[int], top_ps: list[float]) -> Tensor:
+    """Mask everything outside each row's top-k, then outside its top-p nucleus, with one sort."""
+    device = logits.device
+    vocab_size = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if any(k < vocab_size for k in top_ks):
+        ks = torch.tensor(top_ks, dtype=torch.long, device=device).unsqueeze(1)
+        rank = torch.arange(vocab_size, device=device).unsqueeze(0)
+        sorted_logits = sorted_logits.masked_fill(rank >= ks, -math.inf)
+    if any(p < 1.0 for p in top_ps):
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the better tokens; the best always stays
+        ps = _column([p if p < 1.0 else math.inf for p in top_ps], device)
+        sorted_logits = sorted_logits.masked_fill(before > ps, -math.inf)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def apply_filters(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    """Temperature, top-k, top-p, min-p (HF order) on sampling rows; greedy rows pass through unchanged."""
+    device = logits.device
+    vocab_size = logits.shape[1]
+    sampling = [not p.is_greedy for p in params]
+    temperatures = [p.temperature if s else 1.0 for p, s in zip(params, sampling, strict=True)]
+    if any(t != 1.0 for t in temperatures):
+        logits = logits / _column(temperatures, device)
+    top_ks = [
+        min(p.top_k, vocab_size) if s and p.top_k > 0 else vocab_size
+        for p, s in zip(params, sampling, strict=True)
+    ]
+    top_ps = [p.top_p if s else 1.0 for p, s in zip(params, sampling, strict=True)]
+    if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
+        logits = _top_k_top_p(logits, top_ks, top_ps)
+    min_ps = [p.min_p if s else 0.0 for p, s in zip(params, sampling, strict=True)]
+    if any(m > 0.0 for m in min_ps):
+        # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed.
+        floor = logits.max(dim=-1, keepdim=True).values + _column(min_ps, device).log()
+        logits = logits.masked_fill(logits < floor, -math.inf)
+    return logits
+
+
+def _race(logits: Tensor, rows: list[int], index: Tensor, generators: list[torch.Generator | None]) -> Tensor:
+    """Sample the given rows: argmax(probs / q), q ~ Exp(1) drawn from each row's own generator."""
+    probs = logits.index_select(0, index).softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    if all(generators[row] is None for row in rows):
+        noise.exponential_()
+    else:
+        for j, row in enumerate(rows):
+            noise[j].exponential_(generator=generators[row])  # [V] draws, whatever the batch
+    # Exp(1) can round to 0 in float32; a tiny floor keeps 0/0 (a masked token) from becoming NaN.
+    return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+
+
+def _to_host(tokens: Tensor, logprobs: Tensor) -> tuple[Tensor, Tensor]:
+    """One device->host copy: the float32 logprobs travel as their int32 bit pattern beside the ids."""
+    bits = logprobs.float().contiguous().view(torch.int32).long()
+    packed = torch.stack([tokens.long(), bits]).cpu()
+    return packed[0], packed[1].int().view(torch.float32)
+
+
+class Sampler:
+    """Turns one step's logits into the next token of every sequence that samples."""
+
+    def sample(
+        self,
+        logits: Tensor,
+        params: list[SamplingParams],
+        prompt_ids: list[list[int]],
+        output_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+    ) -> tuple[Tensor, Tensor]:
+        """Pick tokens for logits [N, V]; returns (token ids [N] long, logprobs [N] float) on the CPU.
+
+        A logprob is the log-softmax, at the chosen token, of the distribution actually sampled from
+        (after penalties, temperature and filters); for a greedy row, of the penalized logits.
+        The input ``logits`` is never modified.
+        """
+        if logits.shape[0] == 0:
+            return torch.empty(0, dtype=torch.long), torch.empty(0)
+        logits = apply_penalties(logits.float(), params, prompt_ids, output_ids)
+        sampling_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if sampling_rows:
+            logits = apply_filters(logits, params)
+        tokens = logits.argmax(dim=-1)
+        if sampling_rows:
+            index = torch.tensor(sampling_rows, dtype=torch.long, device=logits.device)
+            picks = _race(logits, sampling_rows, index, generators)
+            tokens = tokens.index_copy(0, index, picks)
+        logprobs = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - logits.logsumexp(dim=-1)
+        return _to_host(tokens, logprobs)

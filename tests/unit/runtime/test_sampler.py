@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from homeai.engine.types import SamplingParams
+from homeai.runtime.sampler import Sampler, apply_filters, apply_penalties, make_generator
+
+VOCAB = 50
+
+
+def random_logits(num_rows: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def run(logits: torch.Tensor, params: list[SamplingParams], generators=None, outputs=None, prompts=None):
+    n = len(params)
+    return Sampler().sample(
+        logits,
+        params,
+        prompts or [[] for _ in range(n)],
+        outputs or [[] for _ in range(n)],
+        generators or [None] * n,
+    )
+
+
+def test_greedy_is_argmax_with_raw_logprob() -> None:
+    logits = random_logits(6)
+    before = logits.clone()
+    tokens, logprobs = run(logits, [SamplingParams(temperature=0.0)] * 6)
+    assert torch.equal(tokens, logits.argmax(-1))
+    expected = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
+    assert torch.allclose(logprobs, expected)
+    assert torch.equal(logits, before)  # the caller's logits are never modified
+
+
+def test_top_k_one_and_tiny_top_p_equal_greedy() -> None:
+    logits = random_logits(8, seed=1)
+    for params in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=1.5, top_p=1e-6)):
+        for seed in range(5):
+            generators = [make_generator(seed * 100 + i, "cpu") for i in range(8)]
+            tokens, logprobs = run(logits, [params] * 8, generators)
+            assert torch.equal(tokens, logits.argmax(-1))
+            assert torch.allclose(logprobs, torch.zeros(8), atol=1e-6)  # the only token left: p = 1
+
+
+def test_mixed_batch_greedy_rows_unaffected_by_sampling_rows() -> None:
+    logits = random_logits(4, seed=2)
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=3),
+        SamplingParams(temperature=0.0),
+        SamplingParams(min_p=0.2),
+    ]
+    tokens, logprobs = run(logits, params)
+    assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
+    assert torch.allclose(logprobs[[0, 2]], logits[[0, 2]].log_softmax(-1).max(-1).values)
+    assert tokens[1] in logits[1].topk(3).indices
+
+
+def test_top_k_keeps_k_best_and_renormalizes() -> None:
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0, 0.0]])
+    out = apply_filters(logits, [SamplingParams(temperature=1.0, top_k=2)])
+    assert torch.isinf(out[0, [0, 3, 4]]).all() and torch.equal(out[0, [1, 2]], logits[0, [1, 2]])
+    tokens, logprobs = run(logits, [SamplingParams(top_k=2)])
+    expected = logits[0, [1, 2]].log_softmax(-1)[0 if tokens[0] == 1 else 1]
+    assert math.isclose(logprobs[0].item(), expected.item(), rel_tol=1e-5)
+
+
+def test_top_p_keeps_smallest_nucleus() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    out = apply_filters(probs.log(), [SamplingParams(top_p=0.75)])  # 0.5 + 0.3 reaches 0.75
+    assert torch.isfinite(out[0, :2]).all() and torch.isinf(out[0, 2:]).all()
+
+
+def test_min_p_drops_tokens_below_fraction_of_max() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    out = apply_filters(probs.log(), [SamplingParams(min_p=0.2)])  # floor: 0.2 * 0.5 = 0.1
+    assert torch.isfinite(out[0, :3]).all() and torch.isinf(out[0, 3])
+    out = apply_filters(probs.log(), [SamplingParams(temperature=0.0, min_p=0.9)])
+    assert torch.isfinite(out).all()  # greedy rows ignore filters
+
+
+def test_repetition_penalty_touches_seen_tokens_only() -> None:
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0]])
+    params = [SamplingParams(repetition_penalty=2.0)]
+    out = apply_penalties(logits, params, prompt_ids=[[0]], output_ids=[[1, 1]])
+    assert torch.equal(out, torch.tensor([[1.0, -4.0, 2.0, -2.0, 1.0]]))
+
+
+def test_presence_and_frequency_penalties_use_output_counts_only() -> None:
+    logits = torch.zeros(2, 5)
+    params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), SamplingParams()]
+    out = apply_penalties(logits, params, prompt_ids=[[4], [0]], output_ids=[[1, 1, 1, 2], [1]])
+    assert torch.equal(out[0], torch.tensor([0.0, -1.25, -0.75, 0.0, 0.0]))
+    assert torch.equal(out[1], torch.zeros(5))  # a neighbour without penalties is untouched
+
+
+def test_penalties_steer_greedy_choice() -> None:
+    logits = torch.tensor([[3.0, 2.9, 0.0]])
+    tokens, _ = run(logits, [SamplingParams(temperature=0.0, frequency_penalty=0.5)], outputs=[[0]])
+    assert tokens.tolist() == [1]
+    assert apply_penalties(logits, [SamplingParams()], [[0]], [[0]]) is logits  # nothing asked: no work
+
+
+def draw_sequence(seed: int, neighbours: int, position: int, steps: int = 20) -> list[int]:
+    """Sample ``steps`` tokens for one seeded row that sits among ``neighbours`` other rows."""
+    mine = SamplingParams(temperature=0.9, top_p=0.95, seed=seed)
+    generator = make_generator(seed, "cpu")
+    others = [make_generator(1000 + i, "cpu") if i % 2 else None for i in range(neighbours)]
+    other_params = [SamplingParams(temperature=[0.0, 1.0, 0.5][i % 3], top_k=5) for i in range(neighbours)]
+    tokens = []
+    for step in range(steps):
+        row = random_logits(1, seed=step)
+        batch = random_logits(neighbours + 1, seed=10_000 + step * 7 + neighbours)
+        batch[position] = row[0]
+        params = other_params[:position] + [mine] + other_params[position:]
+        generators = others[:position] + [generator] + others[position:]
+        picked, _ = run(batch, params, generators)
+        tokens.append(int(picked[position]))
+    return tokens
+
+
+def test_seed_reproducible_whatever_the_neighbours() -> None:
+    alone = draw_sequence(seed=7, neighbours=0, position=0)
+    assert draw_sequence(seed=7, neighbours=3, position=2) == alone
+    assert draw_sequence(seed=7, neighbours=8, position=5) == alone
+    assert draw_sequence(seed=8, neighbours=3, position=1) != alone
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=3)]
+)
+def test_sampling_matches_softmax(params: SamplingParams) -> None:
+    logits = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0])
+    expected = logits / params.temperature
+    if params.top_k:
+        expected[logits.argsort(descending=True)[params.top_k :]] = -math.inf
+    expected = expected.softmax(-1)
+    rows, rounds = 4000, 10
+    torch.manual_seed(0)
+    counts = torch.zeros(5)
+    for _ in range(rounds):
+        tokens, _ = run(logits.expand(rows, 5).contiguous(), [params] * rows)
+        counts += torch.bincount(tokens, minlength=5)
+    assert torch.allclose(counts / (rows * rounds), expected, atol=0.01)
+
+
+def test_empty_batch() -> None:
+    tokens, logprobs = run(torch.empty(0, VOCAB), [])
+    assert tokens.shape == (0,) and logprobs.shape == (0,)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_seeded_rows_reproducible() -> None:
+    logits = random_logits(4, seed=3).cuda()
+    params = [SamplingParams(temperature=1.0, top_p=0.9, repetition_penalty=1.2, seed=5)] * 4
+    first = run(logits, params, [make_generator(5, "cuda") for _ in range(4)], prompts=[[1, 2]] * 4)
+    again = run(logits[:2], params[:2], [make_generator(5, "cuda") for _ in range(2)], prompts=[[1, 2]] * 2)
+    assert first[0].device.type == "cpu"
+    assert torch.equal(first[0], torch.full((4,), int(first[0][0])))
+    assert torch.equal(again[0], first[0][:2])
