@@ -1,0 +1,73 @@
+"""`homeai policy validate|schema|diff`: check policy files before a server ever loads them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from homeai.policy.loader import PolicyError, diff_policies, load_policy, policy_json_schema
+
+
+def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``policy`` and its subcommands on the top-level parser's subparsers.
+
+    Each subcommand sets ``func(args) -> int`` (the exit status) on the parsed arguments.
+    """
+    policy = subparsers.add_parser("policy", help="validate, describe and compare policy files")
+    sub = policy.add_subparsers(dest="policy_command", required=True)
+
+    validate = sub.add_parser("validate", help="check a policy file (exit 1 with every error found)")
+    validate.add_argument("file")
+    validate.set_defaults(func=cmd_validate)
+
+    schema = sub.add_parser("schema", help="print the policy JSON Schema (for editors)")
+    schema.set_defaults(func=cmd_schema)
+
+    diff = sub.add_parser("diff", help="show what changes from policy A to policy B")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.set_defaults(func=cmd_diff)
+    return policy
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"{args.file}: ok ({len(policy.classes)} classes, {len(policy.users)} users, "
+          f"{len(policy.aliases)} aliases)")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    json.dump(policy_json_schema(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Exit 0 whether or not they differ (like a report); 1 only when a file is invalid."""
+    try:
+        a, b = load_policy(args.a), load_policy(args.b)
+    except PolicyError as e:
+        print(e, file=sys.stderr)
+        return 1
+    lines = diff_policies(a, b)
+    print("\n".join(lines) if lines else "no differences")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m homeai.cli.policy_cmds``) until the main CLI wires it in."""
+    parser = argparse.ArgumentParser(prog="homeai")
+    add_policy_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""The policy model: workload classes, users, model aliases and global scheduler limits.
+
+Field names follow Triton's ``ModelDynamicBatching`` / ``ModelQueuePolicy`` in snake_case so that a
+reader who knows Triton can read a policy file. Every model forbids unknown keys and is strict about
+types (``max_queue_size: "16"`` is an error, not a coercion): a typo in a policy must never silently
+fall back to a default. Cross-field rules are checked once the fields are valid, and each failure
+names its own key path (``users.bob.default_class``), not just the object it sits in.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+Kind = Literal["llm", "embedding"]
+TimeoutAction = Literal["REJECT", "DELAY"]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", max_length=64)]
+# Priority levels are keys of a YAML mapping; JSON (the admin API) can only send them as strings.
+LevelKey = Annotated[int, Field(strict=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+def _fail(title: str, problems: list[tuple[tuple[str | int, ...], str, object]]) -> None:
+    """Raise one ValidationError whose entries carry their own key paths (pydantic nests them)."""
+    if problems:
+        raise ValidationError.from_exception_data(
+            title,
+            [
+                InitErrorDetails(type=PydanticCustomError("policy", msg), loc=loc, input=value)
+                for loc, msg, value in problems
+            ],
+        )
+
+
+class QueuePolicy(_Strict):
+    """Triton's ModelQueuePolicy for one priority level of a class queue."""
+
+    max_queue_size: int = Field(0, ge=0, description="requests waiting at this level; 0 = unbounded")
+    timeout_action: TimeoutAction = Field("REJECT", description="past the timeout: fail, or move back")
+    default_timeout_microseconds: int = Field(0, ge=0, description="queue timeout; 0 = none")
+    allow_timeout_override: bool = Field(False, description="a request may shorten (never lengthen) it")
+
+
+class Fairness(_Strict):
+    """VTC cost weights: a user is charged in*w_in + out*w_out tokens, divided by the user's weight."""
+
+    w_in: float = Field(1.0, ge=0.0)
+    w_out: float = Field(2.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _not_both_zero(self) -> Fairness:
+        if self.w_in == 0.0 and self.w_out == 0.0:
+            _fail("Fairness", [(("w_out",), "w_in and w_out cannot both be 0", self.w_out)])
+        return self
+
+
+class Targets(_Strict):
+    """Latency targets shown against measurements (TUI, bench); the scheduler does not chase them."""
+
+    ttft_ms: float | None = Field(None, gt=0)
+    itl_ms: float | None = Field(None, gt=0)
+
+
+class ClassPolicy(_Strict):
+    """One workload class: its queue (Triton semantics), its place among classes, and its limits."""
+
+    kind: Kind
+    model: str = Field(min_length=1, description="a model name in the model repository")
+    priority: int = Field(1, ge=0, description="among classes; 0 is the most important (as in Triton)")
+    background: bool = Field(False, description="only fills idle capacity (plus min_share)")
+    # Triton dynamic batching
+    max_batch_size: int = Field(8, ge=1)
+    preferred_batch_size: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    max_queue_delay_microseconds: int = Field(0, ge=0)
+    priority_levels: int = Field(1, ge=1, description="levels inside the class; 1 is served first")
+    default_priority_level: int = Field(1, ge=1)
+    default_queue_policy: QueuePolicy = Field(default_factory=QueuePolicy)
+    priority_queue_policy: dict[LevelKey, QueuePolicy] = Field(default_factory=dict)
+    preserve_ordering: bool = Field(False, description="batch responses in request order")
+    # LLM limits
+    max_running: int | None = Field(None, ge=1, description="running sequences of this class")
+    min_share: float = Field(0.0, ge=0.0, le=1.0, description="share guaranteed when backlogged")
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    fairness: Fairness = Field(default_factory=Fairness)
+    targets: Targets = Field(default_factory=Targets)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClassPolicy:
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        for i, size in enumerate(self.preferred_batch_size):
+            if size > self.max_batch_size:
+                msg = f"preferred size {size} exceeds max_batch_size {self.max_batch_size}"
+                problems.append((("preferred_batch_size", i), msg, size))
+        if len(set(self.preferred_batch_size)) != len(self.preferred_batch_size):
+            problems.append((("preferred_batch_size",), "sizes must be distinct", self.preferred_batch_size))
+        if self.default_priority_level > self.priority_levels:
+            msg = f"must be within 1..priority_levels ({self.priority_levels})"
+            problems.append((("default_priority_level",), msg, self.default_priority_level))
+        for level in self.priority_queue_policy:
+            if not 1 <= level <= self.priority_levels:
+                msg = f"level {level} is outside 1..priority_levels ({self.priority_levels})"
+                problems.append((("priority_queue_policy", level), msg, level))
+        if self.kind == "embedding":
+            for key in ("max_running", "max_output_tokens"):
+                if getattr(self, key) is not None:
+                    problems.append(((key,), "only for llm classes", getattr(self, key)))
+        _fail("ClassPolicy", problems)
+        return self
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        """The queue policy of a priority level (priority_queue_policy overrides the default)."""
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+    @property
+    def max_queue_delay_s(self) -> float:
+        return self.max_queue_delay_microseconds / 1e6
+
+
+class UserPolicy(_Strict):
+    """A household member (or a service such as the indexer): fairness weight and allowed classes."""
+
+    weight: float = Field(1.0, gt=0.0, description="share of a class relative to other users")
+    allowed_classes: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    default_class: str | None = Field(None, description="class when the request names none")
+
+    def allows(self, class_name: str) -> bool:
+        return "*" in self.allowed_classes or class_name in self.allowed_classes
+
+
+class AliasPolicy(_Strict):
+    """A model name clients may send, routed to a class (and through it, to the class's model)."""
+
+    model: str | None = Field(None, min_length=1, description="defaults to the class's model")
+    class_name: str = Field(alias="class")
+
+
+class GlobalLimits(_Strict):
+    """Limits of the one device loop, shared by all classes."""
+
+    max_num_batched_tokens: int = Field(2048, ge=1, description="tokens per LLM step")
+    max_num_seqs: int = Field(64, ge=1, description="running sequences, all classes")
+    kv_cache_fraction: float | None = Field(None, gt=0.0, le=1.0, description="of free device memory")
+    kv_cache_mb: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_kv_size(self) -> GlobalLimits:
+        if self.kv_cache_fraction is not None and self.kv_cache_mb is not None:
+            _fail("GlobalLimits", [(("kv_cache_mb",), "set kv_cache_fraction or kv_cache_mb, not both",
+                                    self.kv_cache_mb)])
+        return self
+
+
+class Policy(_Strict):
+    """A whole policy file. Immutable: a new policy is swapped in, never edited in place."""
+
+    version: int = Field(1, ge=1, description="file format version")
+    classes: dict[Name, ClassPolicy] = Field(min_length=1)
+    users: dict[Name, UserPolicy] = Field(default_factory=dict)
+    aliases: dict[str, AliasPolicy] = Field(default_factory=dict)
+    scheduler: GlobalLimits = Field(default_factory=GlobalLimits)
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Policy:
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        for uname, user in self.users.items():
+            for i, cname in enumerate(user.allowed_classes):
+                if cname != "*" and cname not in self.classes:
+                    problems.append((("users", uname, "allowed_classes", i), _no_class(cname, self), cname))
+            if user.default_class is not None:
+                loc: tuple[str | int, ...] = ("users", uname, "default_class")
+                if user.default_class not in self.classes:
+                    problems.append((loc, _no_class(user.default_class, self), user.default_class))
+                elif not user.allows(user.default_class):
+                    problems.append((loc, "is not in allowed_classes", user.default_class))
+        for aname, alias in self.aliases.items():
+            cls = self.classes.get(alias.class_name)
+            if cls is None:
+                problems.append((("aliases", aname, "class"), _no_class(alias.class_name, self),
+                                 alias.class_name))
+            elif alias.model is not None and alias.model != cls.model:
+                msg = f"class {alias.class_name!r} serves model {cls.model!r}, not {alias.model!r}"
+                problems.append((("aliases", aname, "model"), msg, alias.model))
+        total = sum(c.min_share for c in self.classes.values())
+        if total > 1.0 + 1e-9:
+            problems.append((("classes",), f"min_share of all classes adds up to {total:g} > 1", total))
+        _fail("Policy", problems)
+        return self
+
+    def alias_class(self, model_name: str) -> str | None:
+        """The class a model alias routes to, if the name is an alias."""
+        alias = self.aliases.get(model_name)
+        return alias.class_name if alias is not None else None
+
+    def user(self, name: str) -> UserPolicy:
+        """A user's policy; unknown users get the ``default`` user's, else the built-in defaults."""
+        return self.users.get(name) or self.users.get("default") or UserPolicy()
+
+
+def _no_class(name: str, policy: Policy) -> str:
+    return f"no class named {name!r} (classes: {', '.join(sorted(policy.classes))})"
+
+
+SCHEMA_MODELS: tuple[type[BaseModel], ...] = (
+    Policy, ClassPolicy, QueuePolicy, Fairness, Targets, UserPolicy, AliasPolicy, GlobalLimits,
+)

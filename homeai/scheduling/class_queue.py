@@ -1,0 +1,295 @@
+"""One workload class's queue, with Triton's dynamic-batcher and queue-policy semantics.
+
+Requests wait in priority levels (1 is served first), in arrival order within a level. Each level has
+its own ModelQueuePolicy: a size limit (a full level rejects at once), a timeout, and the timeout
+action: REJECT (the request is handed back for the caller to fail) or DELAY (it moves behind every
+unexpired request of its level, and stays). Two ways out:
+
+- ``form_batch`` for embedding classes: Triton's dynamic batcher (preferred sizes, delay window);
+- ``peek/pop_for_admission`` for LLM classes: one request at a time for the step planner, from the
+  user a fairness callback picks among the users of the highest non-empty level, behind the class
+  delay window.
+
+``preserve_ordering``: a batch comes out in queue order and its responses are delivered in that
+order; each of our responses is its own stream, so it only affects the order of batch outputs.
+
+Not thread-safe: the scheduler loop owns it. Setting ``item.cancelled = True`` elsewhere is safe (a
+flag write); such an item is dropped when next seen and never comes out. ``cancel()`` drops at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+
+from homeai.policy.schema import ClassPolicy, QueuePolicy
+from homeai.scheduling.level_queue import GONE, QUEUED, LevelQueue, QueuedItem
+
+__all__ = ["ClassQueue", "QueueFullError", "QueuedItem", "effective_timeout_us"]
+
+_EPS_S = 1e-9  # float slack: waking at exactly ``next_ready_at`` counts as ready
+PickUser = Callable[[list[str]], str]
+
+
+class QueueFullError(Exception):
+    """The request's priority level is full: reject at once (HTTP 429 with Retry-After)."""
+
+    def __init__(self, retry_after_s: float, class_name: str = "", level: int = 1) -> None:
+        self.retry_after_s = retry_after_s
+        self.class_name = class_name
+        self.level = level
+        super().__init__(f"class {class_name!r} level {level} queue is full; retry in {retry_after_s:.1f}s")
+
+
+def effective_timeout_us(qp: QueuePolicy, override_us: int | None) -> int:
+    """A request's queue timeout: it may shorten the level's (if allowed), never lengthen it. 0 = none."""
+    default = qp.default_timeout_microseconds
+    if override_us is None or override_us <= 0 or not qp.allow_timeout_override:
+        return default
+    return override_us if default == 0 else min(default, override_us)
+
+
+class ClassQueue:
+    """The queue of one workload class (see the module docstring for the semantics)."""
+
+    def __init__(self, name: str, policy: ClassPolicy) -> None:
+        self.name = name
+        self._levels: dict[int, LevelQueue] = {}
+        self._by_id: dict[str, QueuedItem] = {}
+        self._deadlines: list[tuple[float, int, int, QueuedItem]] = []  # (deadline, tie, gen, item)
+        self._rejected: list[QueuedItem] = []
+        self._departures: deque[float] = deque(maxlen=32)
+        self._seq = itertools.count(1)
+        self._released_until_s = float("-inf")
+        self.set_policy(policy)
+
+    @property
+    def policy(self) -> ClassPolicy:
+        return self._policy
+
+    def set_policy(self, policy: ClassPolicy) -> None:
+        """Apply a new class policy: queued requests keep their place and deadlines; limits, delay
+        and batch sizes apply from now. Levels beyond a reduced ``priority_levels`` drain last."""
+        self._policy = policy
+        for no in range(1, policy.priority_levels + 1):
+            self._levels.setdefault(no, LevelQueue(self._forget))
+        self._levels = dict(sorted(self._levels.items()))
+
+    def push(self, item: QueuedItem, now: float) -> None:
+        """Queue ``item`` at ``now`` (stamps arrival and deadline); a full level raises QueueFullError."""
+        if item.request_id in self._by_id:
+            raise ValueError(f"request {item.request_id!r} is already queued in {self.name!r}")
+        no = self._resolve_level(item.priority_level)
+        qp = self._policy.queue_policy(no)
+        self._expire(now)
+        if qp.max_queue_size and self._levels[no].num_live >= qp.max_queue_size:
+            raise QueueFullError(self.retry_after_s(now, no), self.name, no)
+        item.priority_level, item.arrival_s, item.seq = no, now, next(self._seq)
+        timeout_us = effective_timeout_us(qp, item.timeout_override_us)
+        item.deadline_s = now + timeout_us / 1e6 if timeout_us else None
+        self._insert(item, front=False)
+
+    def requeue_front(self, item: QueuedItem) -> None:
+        """Put back a request that was taken but could not run: head of its level, same deadline."""
+        if item.request_id in self._by_id:
+            raise ValueError(f"request {item.request_id!r} is already queued in {self.name!r}")
+        self._insert(item, front=True)
+
+    def _insert(self, item: QueuedItem, front: bool) -> None:
+        self._levels.setdefault(item.priority_level or 1, LevelQueue(self._forget)).add(item, front)
+        self._by_id[item.request_id] = item
+        if item.deadline_s is not None:
+            heapq.heappush(self._deadlines, (item.deadline_s, next(self._seq), item.gen, item))
+
+    def _resolve_level(self, level: int | None) -> int:
+        if level is None or level == 0:
+            return self._policy.default_priority_level
+        if level < 0:
+            raise ValueError(f"priority level must be >= 1, got {level}")
+        return min(level, self._policy.priority_levels)  # beyond the last level: the lowest
+
+    def cancel(self, request_id: str) -> QueuedItem | None:
+        """Drop a queued request so it never comes out; returns it (None if not queued here)."""
+        item = self._by_id.get(request_id)
+        if item is None:
+            return None
+        item.cancelled = True
+        self._drop(item)
+        return item
+
+    def expire(self, now: float) -> list[QueuedItem]:
+        """Apply timeouts. Returns the REJECTed requests (the caller fails them), including any found
+        by other calls since; DELAYed ones move behind every unexpired request of their level."""
+        self._expire(now)
+        out, self._rejected = self._rejected, []
+        return out
+
+    def _expire(self, now: float) -> None:
+        heap = self._deadlines
+        while heap and heap[0][0] <= now + _EPS_S:
+            _, _, gen, item = heapq.heappop(heap)
+            level = self._levels[item.priority_level or 1]
+            if item.state != QUEUED or not level.is_current((gen, item)):
+                continue
+            if self._policy.queue_policy(item.priority_level or 1).timeout_action == "REJECT":
+                self._drop(item)
+                self._rejected.append(item)
+            else:  # DELAY: behind every unexpired request; it never times out again
+                item.deadline_s = None
+                level.delay(item)
+
+    def take(self, item: QueuedItem, now: float) -> None:
+        """Remove a request that ``peek_for_admission`` returned (it is about to run)."""
+        if self._by_id.get(item.request_id) is not item or item.state == GONE:
+            raise ValueError(f"request {item.request_id!r} is not queued in {self.name!r}")
+        self._drop(item)
+        self._departures.append(now)
+
+    def _drop(self, item: QueuedItem) -> None:
+        level = self._levels[item.priority_level or 1]
+        level.remove(item)
+        self._forget(item)
+        level.maybe_compact()
+
+    def _forget(self, item: QueuedItem) -> None:
+        self._by_id.pop(item.request_id, None)
+
+    # ---- embedding classes: Triton's dynamic batcher ----------------------------------------
+    def form_batch(self, now: float, max_size: int | None = None) -> list[QueuedItem] | None:
+        """A batch from the head (level 1 first, arrival order within a level), or None if not ready.
+
+        The largest preferred size that can be formed goes at once (max_batch_size when none are
+        preferred); otherwise the batch waits until its oldest request has waited
+        max_queue_delay_microseconds, then goes as it is. ``max_size`` caps it (e.g. a budget).
+        """
+        self._expire(now)
+        cap = self._cap(max_size)
+        cands = self._candidates(cap)
+        size = self._fire_size(cands, cap, now)
+        if not size:
+            return None
+        batch = cands[:size]
+        for item in batch:
+            self._drop(item)
+            self._departures.append(now)
+        return batch
+
+    def _cap(self, max_size: int | None) -> int:
+        mbs = self._policy.max_batch_size
+        return mbs if max_size is None else max(1, min(max_size, mbs))
+
+    def _candidates(self, cap: int) -> list[QueuedItem]:
+        return list(itertools.islice(iter(self), cap))
+
+    def _fire_size(self, cands: Sequence[QueuedItem], cap: int, now: float) -> int:
+        n = len(cands)
+        fits = [p for p in self._policy.preferred_batch_size if p <= n]
+        if fits:
+            return max(fits)
+        if n == 0 or n >= cap:
+            return n
+        oldest = min(item.arrival_s for item in cands)
+        return n if now + _EPS_S >= oldest + self._policy.max_queue_delay_s else 0
+
+    def next_ready_at(self, now: float, max_size: int | None = None) -> float | None:
+        """When ``form_batch`` (embedding) or admission (LLM) would go: ``now`` if ready, else the end
+        of the delay window; None when empty. Timeouts are separate: see ``next_expiry_at``."""
+        delay_s = self._policy.max_queue_delay_s
+        if self._policy.kind == "llm":
+            oldest = self._oldest_arrival_s()
+            if oldest is None:
+                return None
+            return now if self._window_open(now) else oldest + delay_s
+        cap = self._cap(max_size)
+        cands = self._candidates(cap)
+        if not cands:
+            return None
+        if self._fire_size(cands, cap, now):
+            return now
+        return min(item.arrival_s for item in cands) + delay_s
+
+    def next_expiry_at(self) -> float | None:
+        """The earliest deadline still pending (a REJECT must be answered on time), or None."""
+        heap = self._deadlines
+        while heap and (heap[0][3].state != QUEUED or heap[0][3].gen != heap[0][2]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    # ---- LLM classes: admission to the running batch ----------------------------------------
+    def peek_for_admission(self, now: float, pick_user: PickUser | None = None) -> QueuedItem | None:
+        """The next request to admit, left in place (``take`` it once it has room), or None.
+
+        Highest non-empty priority level first; in it, the head request of the user ``pick_user``
+        chooses among that level's users (ordered by their head's arrival), or the level's head.
+        None while the class delay window holds new prefills.
+        """
+        self._expire(now)
+        if not self._window_open(now):
+            return None
+        self._released_until_s = now  # everything queued by now may join this step
+        for level in self._levels.values():
+            if pick_user is None:
+                item = level.head()
+            else:
+                users = level.users_by_head()
+                if not users:
+                    continue
+                user = pick_user(users)
+                if user not in level.user_live:
+                    raise ValueError(f"pick_user chose {user!r}, not one of {users}")
+                item = level.head(user)
+            if item is not None:
+                return item
+        return None
+
+    def pop_for_admission(self, now: float, pick_user: PickUser | None = None) -> QueuedItem | None:
+        """``peek_for_admission`` and ``take`` in one call."""
+        item = self.peek_for_admission(now, pick_user)
+        if item is not None:
+            self.take(item, now)
+        return item
+
+    def _window_open(self, now: float) -> bool:
+        """Hold new prefills until max_batch_size are queued or the oldest has waited the delay; once
+        open, everything queued by then is released, so that they share one step."""
+        oldest = self._oldest_arrival_s()
+        if oldest is None:
+            return False
+        if self._policy.max_queue_delay_microseconds == 0 or len(self) >= self._policy.max_batch_size:
+            return True
+        return oldest <= self._released_until_s or now + _EPS_S >= oldest + self._policy.max_queue_delay_s
+
+    def _oldest_arrival_s(self) -> float | None:
+        arrivals = [a for lv in self._levels.values() if (a := lv.oldest_arrival_s()) is not None]
+        return min(arrivals) if arrivals else None
+
+    # ---- inspection ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return sum(level.num_live for level in self._levels.values())
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._by_id
+
+    def __iter__(self) -> Iterator[QueuedItem]:
+        """Queued requests in service order: level 1 first; unexpired, then delayed, by arrival."""
+        for level in list(self._levels.values()):
+            yield from level
+
+    def depth_by_level(self) -> dict[int, int]:
+        return {no: level.num_live for no, level in self._levels.items()}
+
+    def users_queued(self) -> set[str]:
+        return {user for level in self._levels.values() for user in level.user_live}
+
+    def num_queued_for(self, user: str) -> int:
+        return sum(level.user_live.get(user, 0) for level in self._levels.values())
+
+    def retry_after_s(self, now: float, level: int = 1) -> float:
+        """A Retry-After estimate: requests ahead times the recent time between departures (1..60 s)."""
+        ahead = sum(lv.num_live for no, lv in self._levels.items() if no <= level) + 1
+        deps = self._departures
+        if len(deps) >= 2 and deps[-1] > deps[0]:
+            return min(60.0, max(1.0, ahead * (deps[-1] - deps[0]) / (len(deps) - 1)))
+        return max(1.0, self._policy.max_queue_delay_s)

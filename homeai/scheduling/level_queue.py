@@ -1,0 +1,133 @@
+"""The storage under a class queue: one priority level's requests, in arrival order, overall and per user.
+
+A level keeps two lines: unexpired requests, and behind them requests whose DELAY timeout passed
+(Triton moves those behind every unexpired request). Removal is lazy: cancel, take and the DELAY move
+only mark the item; a stale entry is skipped (and popped) when it reaches a head, and a level is
+compacted once dead entries outnumber live ones. That keeps cancel O(1) while fairness can still take
+any user's head request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+QUEUED, DELAYED, GONE = 0, 1, 2
+_gens = itertools.count(1)
+
+
+@dataclass(slots=True)
+class QueuedItem:
+    """A request waiting in a class queue. ``cost`` is what fairness and budgets count (prompt tokens)."""
+
+    request_id: str
+    user: str
+    priority_level: int | None = None  # None or 0: the class's default_priority_level
+    arrival_s: float = 0.0  # set by push
+    deadline_s: float | None = None  # set by push from the level's timeout; None: no timeout
+    timeout_override_us: int | None = None
+    cancelled: bool = False
+    cost: int = 1
+    payload: Any = None
+    state: int = field(default=GONE, repr=False)
+    seq: int = field(default=0, repr=False)  # push order
+    gen: int = field(default=0, repr=False)  # which deque entries are current
+
+
+_Entry = tuple[int, QueuedItem]  # (gen, item): current while item.gen == gen and it is not GONE
+
+
+class LevelQueue:
+    """One priority level. ``on_cancelled`` is told about items found with ``cancelled`` set."""
+
+    __slots__ = ("main", "delayed", "user_main", "user_delayed", "user_live", "num_live", "_on_cancelled")
+
+    def __init__(self, on_cancelled: Callable[[QueuedItem], None]) -> None:
+        self.main: deque[_Entry] = deque()
+        self.delayed: deque[_Entry] = deque()
+        self.user_main: dict[str, deque[_Entry]] = {}
+        self.user_delayed: dict[str, deque[_Entry]] = {}
+        self.user_live: dict[str, int] = {}
+        self.num_live = 0
+        self._on_cancelled = on_cancelled
+
+    def add(self, item: QueuedItem, front: bool = False) -> None:
+        """Append (or put at the head: a request taken out but not run) as an unexpired request."""
+        item.state, item.gen = QUEUED, next(_gens)
+        for dq in (self.main, self.user_main.setdefault(item.user, deque())):
+            dq.appendleft((item.gen, item)) if front else dq.append((item.gen, item))
+        self.user_live[item.user] = self.user_live.get(item.user, 0) + 1
+        self.num_live += 1
+
+    def delay(self, item: QueuedItem) -> None:
+        """Move a queued request behind every unexpired one (Triton's DELAY timeout action)."""
+        item.state, item.gen = DELAYED, next(_gens)
+        self.delayed.append((item.gen, item))
+        self.user_delayed.setdefault(item.user, deque()).append((item.gen, item))
+
+    def remove(self, item: QueuedItem) -> None:
+        """Mark a queued request gone (its entries are dropped lazily)."""
+        item.state = GONE
+        self.num_live -= 1
+        left = self.user_live[item.user] - 1
+        if left:
+            self.user_live[item.user] = left
+        else:
+            del self.user_live[item.user]
+
+    def is_current(self, entry: _Entry) -> bool:
+        gen, item = entry
+        if item.gen != gen or item.state == GONE:
+            return False
+        if item.cancelled:  # flagged from elsewhere: drop it now
+            self.remove(item)
+            self._on_cancelled(item)
+            return False
+        return True
+
+    def head(self, user: str | None = None) -> QueuedItem | None:
+        """The first request (of ``user``, if given): unexpired before delayed, by arrival."""
+        if user is None:
+            return self._line_head(self.main) or self._line_head(self.delayed)
+        return self._line_head(self.user_main.get(user)) or self._line_head(self.user_delayed.get(user))
+
+    def users_by_head(self) -> list[str]:
+        """Users with requests here, ordered by their head request (unexpired heads first)."""
+        heads = []
+        for user in list(self.user_live):
+            item = self.head(user)
+            if item is not None:
+                heads.append((item.state, item.seq, user))
+        return [user for _, _, user in sorted(heads)]
+
+    def oldest_arrival_s(self) -> float | None:
+        """Earliest arrival among the live requests (the heads of the two lines)."""
+        arrivals = [h.arrival_s for dq in (self.main, self.delayed) if (h := self._line_head(dq))]
+        return min(arrivals) if arrivals else None
+
+    def _line_head(self, dq: deque[_Entry] | None) -> QueuedItem | None:
+        while dq:
+            if self.is_current(dq[0]):
+                return dq[0][1]
+            dq.popleft()
+        return None
+
+    def __iter__(self) -> Iterator[QueuedItem]:
+        for dq in (self.main, self.delayed):
+            for entry in list(dq):
+                if self.is_current(entry):
+                    yield entry[1]
+
+    def maybe_compact(self) -> None:
+        """Rebuild the deques once dead entries outnumber live ones (bounded memory)."""
+        if len(self.main) + len(self.delayed) <= 2 * self.num_live + 64:
+            return
+        self.main = deque(e for e in self.main if e[0] == e[1].gen and e[1].state != GONE)
+        self.delayed = deque(e for e in self.delayed if e[0] == e[1].gen and e[1].state != GONE)
+        self.user_main, self.user_delayed = {}, {}
+        for dq, by_user in ((self.main, self.user_main), (self.delayed, self.user_delayed)):
+            for entry in dq:
+                by_user.setdefault(entry[1].user, deque()).append(entry)
