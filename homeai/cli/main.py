@@ -1,0 +1,25 @@
+"""`homeai` console script: one argparse parser; each part registers its own subcommands.
+
+Minimal version (repository commands only) until the CLI owner wires in the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from homeai.cli.policy_cmds import add_policy_commands
+from homeai.cli.repository_cmds import add_repository_commands
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and run the chosen subcommand; returns its exit status."""
+    parser = argparse.ArgumentParser(prog="homeai", description="HomeAI Gateway")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_repository_commands(subparsers)
+    add_policy_commands(subparsers)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""`homeai pull NAME` and `homeai models`: fetch weights once, and see what the repository serves."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from homeai.repository.cache import default_cache_dir
+from homeai.repository.entries import EntryError, get_entry, load_entries
+from homeai.repository.pull import PullError, pull
+
+
+def add_repository_commands(subparsers: Any) -> None:
+    """Register ``pull`` and ``models``; each sets ``func(args) -> int`` (the exit status)."""
+    pull_parser = subparsers.add_parser("pull", help="download, verify and convert a model of the repository")
+    pull_parser.add_argument("name", help="model name (see `homeai models`)")
+    pull_parser.add_argument("--force", action="store_true", help="pull again even if already present")
+    pull_parser.set_defaults(func=cmd_pull)
+
+    models = subparsers.add_parser("models", help="list the model repository and what is pulled")
+    models.set_defaults(func=cmd_models)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Pull one model into the cache; exit 1 with the reason on any error."""
+    started_s = time.perf_counter()
+    try:
+        entry = get_entry(args.name)
+        path = pull(entry, default_cache_dir(), progress=True, force=args.force)
+    except (EntryError, PullError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{entry.name}: ready at {path} ({time.perf_counter() - started_s:.1f} s)")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """Print one row per repository entry: served/native context, dtype, and whether it is pulled."""
+    try:
+        entries = load_entries()
+    except EntryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    cache_dir = default_cache_dir()
+    header = ("NAME", "KIND", "CONTEXT", "DTYPE", "PRESENT", "PATH")
+    rows = [header]
+    for entry in entries.values():
+        context = f"{entry.served_len}/{entry.context_length}"
+        present = "yes" if entry.is_present(cache_dir) else "no"
+        rows.append((entry.name, entry.kind, context, entry.dtype, present, str(entry.local_path(cache_dir))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True))
+            + "  "
+            + row[-1]
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m homeai.cli.repository_cmds``) for use before the main CLI."""
+    parser = argparse.ArgumentParser(prog="homeai")
+    add_repository_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

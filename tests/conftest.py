@@ -1,0 +1,31 @@
+"""Shared fixtures: the real models, pulled once through our own `pull()`.
+
+`pulled_models` caches into HOMEAI_CACHE_DIR, by default `<repo>/.cache/homeai` (git-ignored), so a
+second local test run finds both models already converted and pays nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODEL_NAMES = ("smollm2-135m-instruct", "all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
+def homeai_cache_dir() -> Path:
+    """The cache the real models are pulled into (env HOMEAI_CACHE_DIR, else <repo>/.cache/homeai)."""
+    env = os.environ.get("HOMEAI_CACHE_DIR")
+    return Path(env).expanduser() if env else REPO_ROOT / ".cache" / "homeai"
+
+
+@pytest.fixture(scope="session")
+def pulled_models(homeai_cache_dir: Path) -> dict[str, Path]:
+    """name -> loadable Hugging Face folder for every served model (pulled on first use)."""
+    from homeai.repository.entries import get_entry
+    from homeai.repository.pull import pull
+
+    return {name: pull(get_entry(name), homeai_cache_dir, progress=False) for name in MODEL_NAMES}
