@@ -1,0 +1,75 @@
+"""Builds a ready engine from a model folder: weights, tokenizer, KV pool sized from a memory budget."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from homeai.engine.block_manager import BlockManager
+from homeai.engine.llm_engine import LLMEngine
+from homeai.engine.model_runner import ModelRunner
+from homeai.runtime.device import choose_device, parse_dtype
+from homeai.runtime.kv_cache import KVCache
+from homeai.runtime.llama import LlamaModel
+from homeai.scheduling.fcfs import FCFSScheduler
+from homeai.scheduling.interface import StepScheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    device: str | None = None
+    dtype: str | None = None
+    kv_cache_mb: int = 256
+    block_size: int = 16
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def eos_ids(folder: Path, model: LlamaModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids = set(model.cfg.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+def build_llm_engine(folder: Path, config: EngineConfig | None = None,
+                     scheduler: StepScheduler | None = None) -> LLMEngine:
+    """Load the model and size the KV pool; ``scheduler`` defaults to FCFS continuous batching."""
+    cfg = config or EngineConfig()
+    t0 = time.perf_counter()
+    device = choose_device(cfg.device)
+    dtype = parse_dtype(cfg.dtype, device)
+    model = LlamaModel.from_folder(folder, device, dtype)
+    mc = model.cfg
+    per_block = KVCache.bytes_per_block(mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+    num_blocks = max(1, cfg.kv_cache_mb * 2**20 // per_block)
+    cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim, device, dtype)
+    block_manager = BlockManager(num_blocks, cfg.block_size)
+    runner = ModelRunner(model, block_manager, cache)
+    if scheduler is None:
+        scheduler = FCFSScheduler(block_manager, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+    else:
+        scheduler.block_manager = block_manager
+    tokenizer = load_tokenizer(folder)
+    max_len = min(cfg.max_model_len, mc.max_position_embeddings)
+    engine = LLMEngine(runner, scheduler, tokenizer, eos_ids(folder, model, tokenizer), max_len)
+    log.info("LLM %s ready on %s/%s in %.2fs: %d KV blocks of %d tokens", folder.name, device, dtype,
+             time.perf_counter() - t0, num_blocks, cfg.block_size)
+    return engine
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """Apply the model's own chat template (from its metadata) and return token ids."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids)

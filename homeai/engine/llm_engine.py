@@ -1,0 +1,197 @@
+"""The engine: one thread owns the device and runs step after step while there is work.
+
+asyncio code adds and aborts requests at any moment through an inbox; the thread applies the inbox at
+the start of each step (so an abort frees its KV blocks within one step), then runs
+
+    plan = scheduler.schedule(); output = runner.execute(plan); scheduler.update(plan, output)
+
+and publishes the step's token deltas to the consumers' event loops.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from homeai.engine.detokenizer import IncrementalDetokenizer
+from homeai.engine.model_runner import ModelRunner
+from homeai.engine.sequence import Sequence
+from homeai.engine.streams import StreamRegistry
+from homeai.engine.types import FinishReason, SamplingParams, TokenDelta
+from homeai.scheduling.interface import StepScheduler
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve as asked (the API maps it to HTTP 400)."""
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_steps: int = 0
+    num_tokens_generated: int = 0
+    num_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    last_batch_tokens: int = 0
+    last_batch_seqs: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LLMEngine:
+    """Async front of the device loop for one LLM."""
+
+    def __init__(self, runner: ModelRunner, scheduler: StepScheduler, tokenizer: Any,
+                 eos_token_ids: list[int], max_model_len: int) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.streams = StreamRegistry()
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._inbox: list[tuple[str, Any]] = []
+        self._inbox_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.on_step_error: Exception | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="homeai-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    # ---- asyncio side ----------------------------------------------------------------------------
+    def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams,
+                      request_id: str | None = None, **meta: Any) -> Sequence:
+        """Validate a request and build its sequence (raises RequestError with a clear message)."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise RequestError("prompt is empty")
+        if n >= self.max_model_len:
+            raise RequestError(f"prompt has {n} tokens; the context holds {self.max_model_len} "
+                               f"(prompt + at least 1 output token)")
+        if params.max_tokens < 1:
+            raise RequestError("max_tokens must be at least 1")
+        params.max_tokens = min(params.max_tokens, self.max_model_len - n)
+        bm = self.scheduler.block_manager
+        if bm.blocks_needed(n + params.max_tokens) > bm.num_blocks:
+            raise RequestError(f"prompt + max_tokens ({n + params.max_tokens}) exceed the KV cache "
+                               f"({bm.num_blocks * bm.block_size} tokens)")
+        seq = Sequence(next(self._ids), request_id or uuid.uuid4().hex, list(prompt_token_ids), params,
+                       eos_token_ids=self.eos_token_ids, **meta)
+        seq.sink = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, params.stop)
+        return seq
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None, **meta: Any) -> AsyncIterator[TokenDelta]:
+        """Stream deltas until the request finishes; leaving early (disconnect) aborts it."""
+        seq = self.make_sequence(prompt_token_ids, params, request_id, **meta)
+        queue = self.streams.open(seq.request_id)
+        self._post("add", seq)
+        finished = False
+        try:
+            while not finished:
+                delta = await queue.get()
+                finished = delta.finished
+                yield delta
+        finally:
+            self.streams.close(seq.request_id)
+            if not finished:
+                self.abort(seq.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    def _post(self, kind: str, item: Any) -> None:
+        with self._inbox_lock:
+            self._inbox.append((kind, item))
+        self._wake.set()
+
+    # ---- the device thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox()
+            if not self.scheduler.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.step()
+            except Exception as exc:  # never let one bad step kill the loop
+                log.exception("engine step failed")
+                self.on_step_error = exc
+                self._fail_all(str(exc))
+
+    def _drain_inbox(self) -> None:
+        with self._inbox_lock:
+            items, self._inbox = self._inbox, []
+        deltas = []
+        for kind, item in items:
+            if kind == "add":
+                self.scheduler.add(item)
+            elif kind == "abort":
+                seq = self.scheduler.abort(item)
+                if seq is not None:
+                    self.runner.release(seq.seq_id)
+                    deltas.append(self._delta(seq))
+        if deltas:
+            self.streams.publish(deltas)
+
+    def step(self) -> list[TokenDelta]:
+        """One iteration: plan, execute, apply, publish. Public so tests can drive it synchronously."""
+        plan = self.scheduler.schedule()
+        output = self.runner.execute(plan, self.scheduler.seqs)
+        touched = self.scheduler.update(plan, output)
+        st = self.stats
+        st.num_steps += 1
+        st.num_preemptions += len(plan.preempted)
+        st.last_batch_tokens = plan.num_tokens
+        st.last_batch_seqs = len(plan.chunks)
+        st.num_tokens_generated += len(output.sampled)
+        deltas = [self._delta(seq) for seq in touched]
+        for seq in touched:
+            if seq.status.is_finished:
+                self.runner.release(seq.seq_id)
+        if deltas:
+            self.streams.publish(deltas)
+        return deltas
+
+    def _delta(self, seq: Sequence) -> TokenDelta:
+        emitted = seq.extra.get("emitted", 0)
+        new_ids = seq.output_token_ids[emitted:]
+        seq.extra["emitted"] = len(seq.output_token_ids)
+        text, seq.pending_text = seq.pending_text, ""
+        return TokenDelta(seq.request_id, text, new_ids, seq.num_prompt_tokens, seq.num_output_tokens,
+                          seq.status.finish_reason)
+
+    def _fail_all(self, message: str) -> None:
+        deltas = []
+        for seq in list(self.scheduler.seqs.values()):
+            self.scheduler.abort(seq.request_id)
+            self.runner.release(seq.seq_id)
+            delta = self._delta(seq)
+            delta.error = message
+            delta.finish_reason = FinishReason.ABORT
+            deltas.append(delta)
+        self.streams.publish(deltas)
+
+    def is_idle(self) -> bool:
+        with self._inbox_lock:
+            return not self._inbox and not self.scheduler.has_work()
+

@@ -1,0 +1,128 @@
+"""Executes a step plan: builds the flat batch and attention metadata, runs the model, samples.
+
+Everything for a step is assembled on the host as a few int tensors and moved to the device in one go;
+the only device-to-host transfer is the sampled tokens (one sync per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from homeai.engine.block_manager import BlockManager
+from homeai.engine.sequence import Sequence
+from homeai.engine.types import StepOutput, StepPlan
+from homeai.runtime.kv_cache import KVCache
+from homeai.runtime.llama import AttentionMetadata, LlamaModel, PrefillChunk
+from homeai.runtime.sampler import Sampler, make_generator
+
+
+@dataclass(slots=True)
+class BatchInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_idx: torch.Tensor
+    sample_seqs: list[Sequence]
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensors and per-sequence random generators."""
+
+    def __init__(self, model: LlamaModel, block_manager: BlockManager, cache: KVCache) -> None:
+        self.model = model
+        self.block_manager = block_manager
+        self.cache = cache
+        self.device = model.device
+        self.sampler = Sampler()
+        self._generators: dict[int, torch.Generator] = {}
+
+    def release(self, seq_id: int) -> None:
+        """Forget a finished sequence's generator."""
+        self._generators.pop(seq_id, None)
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.params.is_greedy:
+            return None
+        gen = self._generators.get(seq.seq_id)
+        if gen is None:
+            gen = self._generators[seq.seq_id] = make_generator(seq.params.seed, self.device)
+        return gen
+
+    def prepare(self, plan: StepPlan, seqs: dict[int, Sequence]) -> BatchInputs:
+        bs = self.block_manager.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        decode_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefill_specs: list[tuple[int, int, int, list[int]]] = []  # (token_start, start, n, table)
+        logits_idx: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for chunk in plan.chunks:
+            seq = seqs[chunk.seq_id]
+            table = self.block_manager.block_table(seq.seq_id)
+            offset = len(ids)
+            end = chunk.start + chunk.num_tokens
+            ids.extend(seq.token_ids(chunk.start, end))
+            for p in range(chunk.start, end):
+                pos.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+            if chunk.num_tokens == 1:
+                decode_rows.append(offset)
+                decode_tables.append(table)
+                decode_lens.append(end)
+            else:
+                prefill_specs.append((offset, chunk.start, chunk.num_tokens, table))
+            if chunk.sample:
+                logits_idx.append(offset + chunk.num_tokens - 1)
+                sample_seqs.append(seq)
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev))
+        if decode_rows:
+            max_len = max(decode_lens)
+            max_blocks = -(-max_len // bs)
+            tables = torch.tensor([t[:max_blocks] + [0] * (max_blocks - len(t[:max_blocks]))
+                                   for t in decode_tables], dtype=torch.long)
+            all_slots = (tables.unsqueeze(-1) * bs + torch.arange(bs)).view(len(decode_rows), -1)[:, :max_len]
+            lens = torch.tensor(decode_lens)
+            meta.decode_token_idx = torch.tensor(decode_rows, dtype=torch.long).to(dev)
+            meta.decode_slots = all_slots.to(dev)
+            meta.decode_mask = (torch.arange(max_len) < lens.unsqueeze(1)).view(len(decode_rows), 1, 1, -1).to(dev)
+        for token_start, start, n, table in prefill_specs:
+            if start == 0:
+                meta.prefills.append(PrefillChunk(token_start, n, None, None))
+                continue
+            ctx = start + n
+            p = torch.arange(ctx)
+            tbl = torch.tensor(table, dtype=torch.long)
+            ctx_slots = tbl[p // bs] * bs + p % bs
+            q_pos = torch.arange(start, ctx).unsqueeze(1)
+            mask = p.unsqueeze(0) <= q_pos  # [n, ctx]
+            meta.prefills.append(PrefillChunk(token_start, n, ctx_slots.to(dev), mask.to(dev)))
+        return BatchInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long).to(dev),
+            positions=torch.tensor(pos, dtype=torch.long).to(dev),
+            meta=meta,
+            logits_idx=torch.tensor(logits_idx, dtype=torch.long).to(dev),
+            sample_seqs=sample_seqs,
+        )
+
+    def execute(self, plan: StepPlan, seqs: dict[int, Sequence]) -> StepOutput:
+        if plan.is_empty:
+            return StepOutput()
+        batch = self.prepare(plan, seqs)
+        logits = self.model(batch.input_ids, batch.positions, batch.meta, self.cache, batch.logits_idx)
+        out = StepOutput()
+        if not batch.sample_seqs:
+            return out
+        ss = batch.sample_seqs
+        tokens, logprobs = self.sampler.sample(
+            logits, [s.params for s in ss], [s.prompt_token_ids for s in ss],
+            [s.output_token_ids for s in ss], [self._generator(s) for s in ss])
+        for seq, tok, lp in zip(ss, tokens.tolist(), logprobs.tolist(), strict=True):
+            out.sampled[seq.seq_id] = tok
+            out.logprobs[seq.seq_id] = lp
+        return out

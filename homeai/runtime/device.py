@@ -1,0 +1,34 @@
+"""Chooses the device once at start: CUDA when present, else the CPU (with its thread count set)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def choose_device(requested: str | None = None) -> torch.device:
+    """``requested`` (or HOMEAI_DEVICE) wins; otherwise cuda if available, else cpu."""
+    name = requested or os.environ.get("HOMEAI_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cpu":
+        threads = int(os.environ.get("HOMEAI_CPU_THREADS", "0")) or (os.cpu_count() or 1)
+        torch.set_num_threads(threads)
+    return device
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on the CPU (bf16 is slower there without AMX); bf16 on a GPU that supports it."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    if name in (None, "", "auto"):
+        return default_dtype(device)
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(table)}")
+    return table[name]

@@ -1,0 +1,120 @@
+"""First-come-first-served continuous batching with a token budget (the baseline Ollama-like order).
+
+Each step: running sequences first (a decode token each, or the next chunk of a long prompt), then
+waiting sequences in arrival order while the token budget, the sequence cap and the KV pool allow.
+When the pool runs dry, the most recently arrived running sequence is preempted (recompute later).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from homeai.engine.block_manager import BlockManager
+from homeai.engine.sequence import Sequence, SequenceStatus
+from homeai.engine.types import ScheduledChunk, StepOutput, StepPlan
+from homeai.scheduling.clock import Clock, MonotonicClock
+from homeai.scheduling.interface import StepScheduler
+
+
+class FCFSScheduler(StepScheduler):
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int = 512,
+                 max_num_seqs: int = 64, clock: Clock | None = None) -> None:
+        super().__init__()
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.clock = clock or MonotonicClock()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.seqs[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for seq in list(self.seqs.values()):
+            if seq.request_id == request_id:
+                self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+                return seq
+        return None
+
+    def _forget(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq.seq_id)
+        self.running.remove(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+        # 1. Running sequences, oldest first; make KV room by preempting the newest.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_pending_tokens, budget)
+            while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                plan.preempted.append(victim.seq_id)
+                if victim is seq:
+                    break
+            if seq.status == SequenceStatus.PREEMPTED:
+                break
+            bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+            plan.chunks.append(self._chunk(seq, n))
+            budget -= n
+            i += 1
+        # 2. Waiting sequences in arrival order, unless this step already had to preempt.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not plan.preempted:
+            seq = self.waiting[0]
+            n = min(seq.num_pending_tokens, budget)
+            if not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            plan.chunks.append(self._chunk(seq, n))
+            budget -= n
+        return plan
+
+    @staticmethod
+    def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        return ScheduledChunk(seq.seq_id, start, n, sample=start + n == seq.num_tokens)
+
+    def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
+        now = self.clock.now()
+        touched = []
+        for chunk in plan.chunks:
+            seq = self.seqs.get(chunk.seq_id)
+            if seq is None:  # aborted while the step ran
+                continue
+            sampled = output.sampled.get(chunk.seq_id) if chunk.sample else None
+            self._apply_chunk(seq, chunk.num_tokens, sampled, now)
+            if sampled is not None:
+                touched.append(seq)
+        return touched

@@ -1,0 +1,77 @@
+"""The contract between the engine loop and whatever plans its steps.
+
+The engine's step is three lines: ``plan = scheduler.schedule()``, ``output = runner.execute(plan)``,
+``scheduler.update(plan, output)``. A scheduler owns the waiting and running sequences and the KV block
+manager; it never touches tensors, so policies can be tested on virtual time with a cost-model runner.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from homeai.engine.block_manager import BlockManager
+from homeai.engine.sequence import Sequence, SequenceStatus
+from homeai.engine.types import StepOutput, StepPlan
+
+
+class StepScheduler(ABC):
+    """Plans each forward pass over a flat batch and applies its results."""
+
+    block_manager: BlockManager
+
+    def __init__(self) -> None:
+        self.seqs: dict[int, Sequence] = {}
+
+    @abstractmethod
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (it has no KV yet)."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> Sequence | None:
+        """Drop a sequence wherever it is; its KV blocks go back to the pool at once."""
+
+    @abstractmethod
+    def schedule(self) -> StepPlan:
+        """Decide the next step: which chunks of which sequences run, and who is preempted to make room."""
+
+    @abstractmethod
+    def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
+        """Apply a step's sampled tokens; return every sequence that produced a token or finished."""
+
+    @abstractmethod
+    def has_work(self) -> bool:
+        """True while any sequence waits or runs."""
+
+    @property
+    @abstractmethod
+    def num_waiting(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def num_running(self) -> int: ...
+
+    def get(self, seq_id: int) -> Sequence:
+        return self.seqs[seq_id]
+
+    def _apply_chunk(self, seq: Sequence, num_tokens: int, sampled: int | None, now_s: float) -> bool:
+        """Advance a sequence by one executed chunk; return True when it finished. Shared by schedulers."""
+        seq.num_computed_tokens += num_tokens
+        if sampled is None:
+            return False
+        if seq.first_token_s is None:
+            seq.first_token_s = now_s
+        status = seq.append_token(sampled)
+        if status is not None:
+            self._finish(seq, status)
+            return True
+        return False
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        seq.finish(status)
+        self.block_manager.free(seq.seq_id)
+        self.seqs.pop(seq.seq_id, None)
+        self._forget(seq)
+
+    @abstractmethod
+    def _forget(self, seq: Sequence) -> None:
+        """Remove a finished sequence from the scheduler's own queues."""
