@@ -58,23 +58,22 @@ class LLMEngine:
         self._ids = itertools.count()
         self._inbox: list[tuple[str, Any]] = []
         self._inbox_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.wake = threading.Event()  # set when work arrives; the device loop waits on it
+        self._loop_thread: Any = None
         self.on_step_error: Exception | None = None
 
-    # ---- lifecycle -------------------------------------------------------------------------------
+    # ---- lifecycle (standalone use: CLI chat, benchmarks; the server's DeviceLoop drives it too) --
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="homeai-engine", daemon=True)
-            self._thread.start()
+        if self._loop_thread is None:
+            from homeai.engine.device_loop import DeviceLoop
+
+            self._loop_thread = DeviceLoop(llm=self)
+            self._loop_thread.start()
 
     def shutdown(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._loop_thread is not None:
+            self._loop_thread.shutdown()
+            self._loop_thread = None
 
     # ---- asyncio side ----------------------------------------------------------------------------
     def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -103,7 +102,12 @@ class LLMEngine:
         """Stream deltas until the request finishes; leaving early (disconnect) aborts it."""
         seq = self.make_sequence(prompt_token_ids, params, request_id, **meta)
         queue = self.streams.open(seq.request_id)
-        self._post("add", seq)
+        try:
+            self.scheduler.add(seq)  # may raise QueueFullError at once (HTTP 429)
+        except BaseException:
+            self.streams.close(seq.request_id)
+            raise
+        self.wake.set()
         finished = False
         try:
             while not finished:
@@ -121,31 +125,16 @@ class LLMEngine:
     def _post(self, kind: str, item: Any) -> None:
         with self._inbox_lock:
             self._inbox.append((kind, item))
-        self._wake.set()
+        self.wake.set()
 
     # ---- the device thread -----------------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._drain_inbox()
-            if not self.scheduler.has_work():
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                continue
-            try:
-                self.step()
-            except Exception as exc:  # never let one bad step kill the loop
-                log.exception("engine step failed")
-                self.on_step_error = exc
-                self._fail_all(str(exc))
-
-    def _drain_inbox(self) -> None:
+    def drain_inbox(self) -> None:
+        """Apply aborts posted from asyncio (called by the device loop before each step)."""
         with self._inbox_lock:
             items, self._inbox = self._inbox, []
         deltas = []
         for kind, item in items:
-            if kind == "add":
-                self.scheduler.add(item)
-            elif kind == "abort":
+            if kind == "abort":
                 seq = self.scheduler.abort(item)
                 if seq is not None:
                     self.runner.release(seq.seq_id)
@@ -158,6 +147,7 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         output = self.runner.execute(plan, self.scheduler.seqs)
         touched = self.scheduler.update(plan, output)
+        touched += self._rejected()
         st = self.stats
         st.num_steps += 1
         st.num_preemptions += len(plan.preempted)
@@ -172,13 +162,21 @@ class LLMEngine:
             self.streams.publish(deltas)
         return deltas
 
+    def _rejected(self) -> list[Sequence]:
+        drain = getattr(self.scheduler, "drain_rejected", None)
+        return drain() if drain is not None else []
+
+    def fail_all(self, message: str) -> None:
+        """Abort every sequence with an error (after a failed step), keeping the loop alive."""
+        self._fail_all(message)
+
     def _delta(self, seq: Sequence) -> TokenDelta:
         emitted = seq.extra.get("emitted", 0)
         new_ids = seq.output_token_ids[emitted:]
         seq.extra["emitted"] = len(seq.output_token_ids)
         text, seq.pending_text = seq.pending_text, ""
         return TokenDelta(seq.request_id, text, new_ids, seq.num_prompt_tokens, seq.num_output_tokens,
-                          seq.status.finish_reason)
+                          seq.status.finish_reason, seq.extra.get("error"))
 
     def _fail_all(self, message: str) -> None:
         deltas = []

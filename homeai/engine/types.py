@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     """Why a sequence ended; values are the OpenAI finish reasons."""
 
     STOP = "stop"

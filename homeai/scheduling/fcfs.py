@@ -40,16 +40,19 @@ class FCFSScheduler(StepScheduler):
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
-        self.seqs[seq.seq_id] = seq
-        self.waiting.append(seq)
+        with self.lock:
+            seq.status = SequenceStatus.WAITING
+            seq.arrival_s = self.clock.now()
+            self.seqs[seq.seq_id] = seq
+            self.waiting.append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
-        for seq in list(self.seqs.values()):
-            if seq.request_id == request_id:
-                self._finish(seq, SequenceStatus.FINISHED_ABORTED)
-                return seq
-        return None
+        with self.lock:
+            for seq in list(self.seqs.values()):
+                if seq.request_id == request_id:
+                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+                    return seq
+            return None
 
     def _forget(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -67,6 +70,10 @@ class FCFSScheduler(StepScheduler):
         self.waiting.appendleft(seq)
 
     def schedule(self) -> StepPlan:
+        with self.lock:
+            return self._schedule()
+
+    def _schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
@@ -107,6 +114,10 @@ class FCFSScheduler(StepScheduler):
         return ScheduledChunk(seq.seq_id, start, n, sample=start + n == seq.num_tokens)
 
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
+        with self.lock:
+            return self._update(plan, output)
+
+    def _update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
         now = self.clock.now()
         touched = []
         for chunk in plan.chunks:

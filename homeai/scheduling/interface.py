@@ -7,6 +7,7 @@ manager; it never touches tensors, so policies can be tested on virtual time wit
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 
 from homeai.engine.block_manager import BlockManager
@@ -21,6 +22,11 @@ class StepScheduler(ABC):
 
     def __init__(self) -> None:
         self.seqs: dict[int, Sequence] = {}
+        self.lock = threading.RLock()  # add() comes from asyncio threads; the device loop plans under it
+
+    def next_wake_s(self) -> float | None:
+        """When queued work may become ready (a delay window closing); None: only when work arrives."""
+        return None
 
     @abstractmethod
     def add(self, seq: Sequence) -> None:

@@ -1,0 +1,128 @@
+"""Embedding requests through the batcher: inputs queue per class, the device loop runs the batches.
+
+Each input of a request is one queue item, so Triton's preferred batch sizes count inputs, and a big
+indexing request cannot jump ahead of a search query that arrived later in a more important class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from homeai.engine.llm_engine import RequestError
+from homeai.policy.schema import Policy
+from homeai.runtime.embedder import Embedder
+from homeai.scheduling.batcher import Batcher, EmbedWork
+from homeai.scheduling.class_queue import QueuedItem
+
+
+class QueueTimeoutError(Exception):
+    """A queued request passed its timeout under a REJECT policy (HTTP 503)."""
+
+
+@dataclass(slots=True)
+class EmbedInput:
+    token_ids: list[int]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[np.ndarray]
+
+
+@dataclass(slots=True)
+class EmbedResult:
+    vectors: np.ndarray  # [N, dim] float32, unit length
+    num_tokens: int
+
+
+class EmbedService:
+    def __init__(self, batcher: Batcher, embedders: dict[str, Embedder]) -> None:
+        self.batcher = batcher
+        self.embedders = embedders
+        self.wake: Any = None  # set by the device loop
+        self._ids = itertools.count()
+
+    def model_for(self, class_name: str, policy: Policy) -> Embedder:
+        cp = policy.classes.get(class_name)
+        if cp is None or cp.kind != "embedding":
+            raise RequestError(f"class {class_name!r} is not an embedding class")
+        emb = self.embedders.get(cp.model)
+        if emb is None:
+            raise RequestError(f"embedding model {cp.model!r} of class {class_name!r} is not loaded")
+        return emb
+
+    def tokenize(self, embedder: Embedder, inputs: list[str] | list[list[int]]) -> list[list[int]]:
+        if not inputs:
+            raise RequestError("input is empty")
+        if all(isinstance(x, str) for x in inputs):
+            return embedder.tokenize(list(inputs))  # type: ignore[arg-type]
+        rows = [list(x) for x in inputs]  # type: ignore[arg-type]
+        for i, row in enumerate(rows):
+            if not row or len(row) > embedder.max_length:
+                raise RequestError(f"input[{i}] has {len(row)} tokens; allowed 1..{embedder.max_length}")
+        return rows
+
+    async def embed(self, class_name: str, inputs: list[str] | list[list[int]], user: str = "default",
+                    priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
+        embedder = self.model_for(class_name, self.batcher.policy)
+        rows = self.tokenize(embedder, inputs)
+        loop = asyncio.get_running_loop()
+        items: list[QueuedItem] = []
+        try:
+            for row in rows:
+                payload = EmbedInput(row, loop, loop.create_future())
+                item = QueuedItem(f"emb-{next(self._ids)}", user, priority_level=priority_level,
+                                  timeout_override_us=timeout_us, cost=len(row), payload=payload)
+                self.batcher.push_embedding(class_name, item)  # QueueFullError -> 429
+                items.append(item)
+            if self.wake is not None:
+                self.wake.set()
+            vectors = await asyncio.gather(*(it.payload.future for it in items))
+        except BaseException:
+            for it in items:
+                self.batcher.cancel_embedding(class_name, it.request_id)
+            raise
+        return EmbedResult(np.stack(vectors), sum(len(r) for r in rows))
+
+    def run(self, work: EmbedWork) -> None:
+        """Device thread: embed one batch and hand each vector to its waiting request."""
+        items = [it for it in work.items if not it.payload.future.done()]
+        if not items:
+            return
+        embedder = self.model_for(work.class_name, self.batcher.policy)
+        try:
+            vectors = embedder.embed(token_ids=[it.payload.token_ids for it in items]).numpy()
+        except Exception as exc:
+            self._deliver([(it.payload, exc) for it in items])
+            raise
+        self._deliver([(it.payload, vec) for it, vec in zip(items, vectors, strict=True)])
+
+    def fail_expired(self) -> None:
+        expired = self.batcher.expire_embeddings()
+        if expired:
+            self._deliver([(it.payload, QueueTimeoutError(f"queue timeout in class {name!r}"))
+                           for name, it in expired])
+
+    @staticmethod
+    def _deliver(results: list[tuple[EmbedInput, Any]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[EmbedInput, Any]]] = defaultdict(list)
+        for inp, value in results:
+            by_loop[inp.loop].append((inp, value))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, batch)
+            except RuntimeError:
+                pass
+
+
+def _resolve(batch: list[tuple[EmbedInput, Any]]) -> None:
+    for inp, value in batch:
+        if inp.future.done():
+            continue
+        if isinstance(value, BaseException):
+            inp.future.set_exception(value)
+        else:
+            inp.future.set_result(value)

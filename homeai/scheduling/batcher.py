@@ -1,0 +1,190 @@
+"""One batcher for the device: each iteration, an LLM step or a batch of one embedding class.
+
+Order of preference:
+1. an interactive embedding class whose Triton batch is ready runs between LLM steps at once
+   (alternating with LLM steps so neither starves the other);
+2. a background class below its ``min_share`` of device time (measured over a sliding window) runs
+   a batch even if its delay window has not closed, so it is never starved;
+3. LLM work that is new to admit (a prefill whose delay window is open) runs first: TTFT matters;
+4. a background embedding batch runs while the running interactive sequences have slack against
+   their inter-token-latency targets (time since the last LLM step + the batch's expected cost stays
+   under the tightest ITL target): background work fills idle capacity, including the gaps between
+   decode steps, without making anyone's tokens late;
+5. otherwise the LLM step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from homeai.policy.schema import ClassPolicy, Policy
+from homeai.scheduling.class_queue import ClassQueue, QueuedItem
+from homeai.scheduling.class_scheduler import ClassScheduler
+from homeai.scheduling.clock import Clock, MonotonicClock
+
+SHARE_WINDOW_S = 5.0
+ITL_SLACK_FRACTION = 0.8  # use at most this much of the tightest ITL target for background batches
+
+
+@dataclass(slots=True)
+class EmbedWork:
+    class_name: str
+    items: list[QueuedItem]
+
+
+LLM_STEP = "llm"
+
+
+class Batcher:
+    """Chooses the device's next piece of work (see the module docstring)."""
+
+    def __init__(self, policy: Policy, llm: ClassScheduler | None, clock: Clock | None = None) -> None:
+        self.llm = llm
+        self.clock = clock or MonotonicClock()
+        self.lock = threading.RLock()
+        self.embed_queues: dict[str, ClassQueue] = {}
+        self._busy: deque[tuple[float, float, str]] = deque()  # (start, duration, class or "llm")
+        self._cost_s: dict[str, float] = {}  # EWMA of a batch's duration per class
+        self._last_llm_end_s = 0.0
+        self._last_was_embed = False
+        self.apply_policy(policy)
+
+    def apply_policy(self, policy: Policy) -> None:
+        with self.lock:
+            self.policy = policy
+            for name, cp in policy.classes.items():
+                if cp.kind != "embedding":
+                    continue
+                if name in self.embed_queues:
+                    self.embed_queues[name].set_policy(cp)
+                else:
+                    self.embed_queues[name] = ClassQueue(name, cp)
+        if self.llm is not None:
+            self.llm.apply_policy(policy)
+
+    def push_embedding(self, class_name: str, item: QueuedItem) -> None:
+        """Queue one embedding input; raises QueueFullError at once when the class queue is full."""
+        with self.lock:
+            queue = self.embed_queues.get(class_name)
+            if queue is None:
+                raise KeyError(f"{class_name!r} is not an embedding class; known: {sorted(self.embed_queues)}")
+            queue.push(item, self.clock.now())
+
+    def cancel_embedding(self, class_name: str, request_id: str) -> None:
+        with self.lock:
+            queue = self.embed_queues.get(class_name)
+            if queue is not None:
+                queue.cancel(request_id)
+
+    def expire_embeddings(self) -> list[tuple[str, QueuedItem]]:
+        now = self.clock.now()
+        with self.lock:
+            return [(name, item) for name, q in self.embed_queues.items() for item in q.expire(now)]
+
+    # ---- the decision ----------------------------------------------------------------------------
+    def next_work(self) -> str | EmbedWork | None:
+        now = self.clock.now()
+        with self.lock:
+            llm_has_work = self.llm is not None and self.llm.has_work()
+            interactive, background = self._ready_embedding(now)
+            if interactive and not (self._last_was_embed and llm_has_work):
+                return self._take(interactive[0], now)
+            for cp_name in self._starved_background():
+                work = self._take(cp_name, now, force=True)
+                if work is not None:
+                    return work
+            if llm_has_work and self._llm_admission_ready(now):
+                return LLM_STEP
+            if background and self._has_slack(background[0], now):
+                return self._take(background[0], now)
+            if llm_has_work:
+                return LLM_STEP
+            return self._take(background[0], now) if background else None
+
+    def _ready_embedding(self, now: float) -> tuple[list[str], list[str]]:
+        interactive, background = [], []
+        for name, q in sorted(self.embed_queues.items(), key=lambda kv: kv[1].policy.priority):
+            ready = q.next_ready_at(now)
+            if ready is not None and ready <= now:
+                (background if q.policy.background else interactive).append(name)
+        return interactive, background
+
+    def _take(self, name: str, now: float, force: bool = False) -> EmbedWork | None:
+        q = self.embed_queues[name]
+        items = q.form_batch(now)
+        if items is None and force:
+            items = q.form_batch(now + q.policy.max_queue_delay_s + 1e-6)
+        if not items:
+            return None
+        self._last_was_embed = True
+        return EmbedWork(name, items)
+
+    def _starved_background(self) -> list[str]:
+        total = sum(d for _, d, _ in self._busy)
+        out = []
+        for name, q in self.embed_queues.items():
+            cp = q.policy
+            if cp.background and cp.min_share > 0 and len(q) and total > 0:
+                mine = sum(d for _, d, c in self._busy if c == name)
+                if mine / total < cp.min_share:
+                    out.append(name)
+        return out
+
+    def _llm_admission_ready(self, now: float) -> bool:
+        assert self.llm is not None
+        for state in self.llm.classes.values():
+            if state.policy.background:
+                continue
+            ready = state.queue.next_ready_at(now)
+            if ready is not None and ready <= now:
+                return True
+        return False
+
+    def _has_slack(self, name: str, now: float) -> bool:
+        """True when no interactive sequence runs, or a batch fits in the tightest ITL target's slack."""
+        itl_targets = self._running_itl_targets_s()
+        if not itl_targets:
+            return True
+        cost = self._cost_s.get(name, 0.0)
+        return (now - self._last_llm_end_s) + cost <= ITL_SLACK_FRACTION * min(itl_targets)
+
+    def _running_itl_targets_s(self) -> list[float]:
+        if self.llm is None:
+            return []
+        out = []
+        for state in self.llm.classes.values():
+            cp: ClassPolicy = state.policy
+            if state.num_running and not cp.background and cp.targets is not None and cp.targets.itl_ms:
+                out.append(cp.targets.itl_ms / 1000.0)
+        return out
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+    def record(self, what: str, start_s: float, end_s: float) -> None:
+        """Account a finished piece of work: its class (or "llm") and how long the device was busy."""
+        with self.lock:
+            duration = max(0.0, end_s - start_s)
+            self._busy.append((start_s, duration, what))
+            while self._busy and self._busy[0][0] < end_s - SHARE_WINDOW_S:
+                self._busy.popleft()
+            if what == LLM_STEP:
+                self._last_llm_end_s = end_s
+                self._last_was_embed = False
+            else:
+                prev = self._cost_s.get(what)
+                self._cost_s[what] = duration if prev is None else 0.8 * prev + 0.2 * duration
+
+    def next_wake_s(self) -> float | None:
+        """The earliest time something may become ready (a delay window closing, a timeout)."""
+        now = self.clock.now()
+        times: list[float] = []
+        with self.lock:
+            queues = list(self.embed_queues.values())
+            if self.llm is not None:
+                queues += [s.queue for s in self.llm.classes.values()]
+            for q in queues:
+                for t in (q.next_ready_at(now), q.next_expiry_at()):
+                    if t is not None:
+                        times.append(t)
+        return min(times) if times else None

@@ -1,0 +1,309 @@
+"""In-flight batching over workload classes: the step planner of the product.
+
+Each LLM class has its own Triton-style queue (priority levels, size limit, timeouts, delay window)
+and its own VTC fairness counters. Every step re-plans:
+
+1. running sequences first, most important class first: one decode token each, or the next chunk of
+   a prompt (chunked prefill, so decodes never stall behind a long prompt);
+2. then admissions, class by class in priority order (a background class that got less than its
+   ``min_share`` of recent step tokens goes first), each class's next request coming from its user
+   with the lowest virtual token counter, within the token budget, ``max_num_seqs``, the class's
+   ``max_running`` and the KV pool. A more important class takes sequence slots or KV blocks from
+   the least important running class by preemption (recompute later).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from homeai.engine.block_manager import BlockManager
+from homeai.engine.sequence import Sequence, SequenceStatus
+from homeai.engine.types import ScheduledChunk, StepOutput, StepPlan
+from homeai.policy.schema import ClassPolicy, Policy
+from homeai.scheduling.class_queue import ClassQueue, QueuedItem
+from homeai.scheduling.clock import Clock, MonotonicClock
+from homeai.scheduling.fairness import VirtualTokenCounter
+from homeai.scheduling.interface import StepScheduler
+
+SHARE_WINDOW_STEPS = 64  # steps over which a background class's share is measured for min_share
+BACKGROUND_RANK = 1000  # background classes rank after every interactive class
+
+
+class UnknownClassError(KeyError):
+    """The request names a class this scheduler does not serve (the API maps it to 400)."""
+
+
+@dataclass(slots=True)
+class LLMClassState:
+    name: str
+    policy: ClassPolicy
+    queue: ClassQueue
+    vtc: VirtualTokenCounter
+    num_running: int = 0
+    served_tokens: int = 0  # all-time, for stats
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=SHARE_WINDOW_STEPS))
+
+    @property
+    def rank(self) -> int:
+        return self.policy.priority + (BACKGROUND_RANK if self.policy.background else 0)
+
+
+class ClassScheduler(StepScheduler):
+    """Plans LLM steps over the LLM classes of a policy (see the module docstring)."""
+
+    def __init__(self, block_manager: BlockManager | None, policy: Policy, clock: Clock | None = None,
+                 model: str | None = None) -> None:
+        super().__init__()
+        if block_manager is not None:
+            self.block_manager = block_manager
+        self.clock = clock or MonotonicClock()
+        self.model = model
+        self.classes: dict[str, LLMClassState] = {}
+        self.running: list[Sequence] = []
+        self.rejected: list[Sequence] = []  # timed out in a queue (REJECT): the engine fails them
+        self.num_preemptions = 0
+        self.apply_policy(policy)
+
+    # ---- policy ----------------------------------------------------------------------------------
+    def apply_policy(self, policy: Policy) -> None:
+        """Swap limits atomically: queued requests keep their place; new limits apply from the next step."""
+        with self.lock:
+            self.policy = policy
+            self.max_num_batched_tokens = policy.scheduler.max_num_batched_tokens
+            self.max_num_seqs = policy.scheduler.max_num_seqs
+            for name, cp in policy.classes.items():
+                if cp.kind != "llm" or (self.model is not None and cp.model != self.model):
+                    continue
+                state = self.classes.get(name)
+                if state is None:
+                    self.classes[name] = LLMClassState(name, cp, ClassQueue(name, cp),
+                                                       VirtualTokenCounter.from_policy(policy, name))
+                else:
+                    state.policy = cp
+                    state.queue.set_policy(cp)
+                    state.vtc.apply_policy(policy, name)
+
+    # ---- requests --------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(c.queue) for c in self.classes.values())
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or any(len(c.queue) for c in self.classes.values()) or bool(self.rejected)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence in its class; raises QueueFullError at once when its level is full."""
+        with self.lock:
+            state = self.classes.get(seq.class_name)
+            if state is None:
+                raise UnknownClassError(f"class {seq.class_name!r} is not an LLM class of this model; "
+                                        f"known: {sorted(self.classes)}")
+            item = QueuedItem(seq.request_id, seq.user, priority_level=seq.extra.get("priority_level"),
+                              timeout_override_us=seq.extra.get("timeout_us"), cost=seq.num_prompt_tokens,
+                              payload=seq)
+            newly = state.queue.num_queued_for(seq.user) == 0
+            state.queue.push(item, self.clock.now())
+            if newly:
+                state.vtc.on_backlogged(seq.user, state.queue.users_queued())
+            seq.arrival_s = item.arrival_s
+            seq.status = SequenceStatus.WAITING
+            seq.extra["item"] = item
+            self.seqs[seq.seq_id] = seq
+
+    def abort(self, request_id: str) -> Sequence | None:
+        with self.lock:
+            for seq in list(self.seqs.values()):
+                if seq.request_id == request_id:
+                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+                    return seq
+            return None
+
+    def _forget(self, seq: Sequence) -> None:
+        state = self.classes.get(seq.class_name)
+        if seq in self.running:
+            self.running.remove(seq)
+            if state is not None:
+                state.num_running -= 1
+        elif state is not None and state.queue.cancel(seq.request_id) is not None:
+            if state.queue.num_queued_for(seq.user) == 0:
+                state.vtc.on_drained(seq.user)
+
+    def next_wake_s(self) -> float | None:
+        now = self.clock.now()
+        with self.lock:
+            times = [t for s in self.classes.values()
+                     for t in (s.queue.next_ready_at(now), s.queue.next_expiry_at()) if t is not None]
+        return min(times) if times else None
+
+    def drain_rejected(self) -> list[Sequence]:
+        with self.lock:
+            out, self.rejected = self.rejected, []
+            return out
+
+    # ---- planning --------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        with self.lock:
+            now = self.clock.now()
+            self._expire(now)
+            plan = StepPlan()
+            budget = self._schedule_running(plan, self.max_num_batched_tokens)
+            self._admit(plan, budget, now)
+            self._record_shares(plan)
+            return plan
+
+    def _expire(self, now: float) -> None:
+        for state in self.classes.values():
+            for item in state.queue.expire(now):
+                seq = item.payload
+                if state.queue.num_queued_for(seq.user) == 0:
+                    state.vtc.on_drained(seq.user)
+                seq.extra["error"] = "queue timeout"
+                seq.finish(SequenceStatus.FINISHED_ABORTED)
+                self.seqs.pop(seq.seq_id, None)
+                self.rejected.append(seq)
+
+    def _rank(self, seq: Sequence) -> int:
+        state = self.classes.get(seq.class_name)
+        return state.rank if state is not None else BACKGROUND_RANK * 2
+
+    def _chunk_cap(self, seq: Sequence) -> int:
+        """Background prompts take at most a quarter of a step so interactive admissions still fit."""
+        state = self.classes.get(seq.class_name)
+        if state is not None and state.policy.background:
+            return max(1, self.max_num_batched_tokens // 4)
+        return self.max_num_batched_tokens
+
+    def _schedule_running(self, plan: StepPlan, budget: int) -> int:
+        bm = self.block_manager
+        scheduled: set[int] = set()
+        for seq in sorted(self.running, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id)):
+            if budget <= 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
+            n = min(seq.num_pending_tokens, budget, self._chunk_cap(seq))
+            while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+                victim = self._victim(exclude=scheduled, max_rank=None)
+                if victim is None:
+                    break
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING or not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+                continue
+            bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+            plan.chunks.append(_chunk(seq, n))
+            scheduled.add(seq.seq_id)
+            budget -= n
+        return budget
+
+    def _victim(self, exclude: set[int], max_rank: int | None) -> Sequence | None:
+        """The least important running sequence (newest first), of rank above ``max_rank`` if given."""
+        candidates = [s for s in self.running if s.seq_id not in exclude
+                      and (max_rank is None or self._rank(s) > max_rank)]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id))
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        self.block_manager.free(seq.seq_id)
+        self.running.remove(seq)
+        state = self.classes[seq.class_name]
+        state.num_running -= 1
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.preempted.append(seq.seq_id)
+        state.queue.requeue_front(seq.extra["item"])
+
+    def _admission_order(self) -> list[LLMClassState]:
+        def key(c: LLMClassState) -> tuple[int, int]:
+            starved = c.policy.background and c.policy.min_share > 0 and len(c.queue) > 0 \
+                and self._share(c) < c.policy.min_share
+            return (-1 if starved else c.rank, c.policy.priority)
+        return sorted(self.classes.values(), key=key)
+
+    def _share(self, state: LLMClassState) -> float:
+        total = sum(sum(c.recent) for c in self.classes.values())
+        return sum(state.recent) / total if total else 0.0
+
+    def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
+        bm = self.block_manager
+        scheduled = {c.seq_id for c in plan.chunks}
+        for state in self._admission_order():
+            cap = state.policy.max_running
+            while budget > 0 and (cap is None or state.num_running < cap):
+                item = state.queue.peek_for_admission(now, state.vtc.pick)
+                if item is None:
+                    break
+                seq: Sequence = item.payload
+                n = min(seq.num_pending_tokens, budget, self._chunk_cap(seq))
+                if not self._make_room(seq, n, state.rank, scheduled, plan):
+                    break
+                state.queue.take(item, now)
+                if state.queue.num_queued_for(seq.user) == 0:
+                    state.vtc.on_drained(seq.user)
+                bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                state.num_running += 1
+                plan.chunks.append(_chunk(seq, n))
+                scheduled.add(seq.seq_id)
+                budget -= n
+
+    def _make_room(self, seq: Sequence, n: int, rank: int, scheduled: set[int], plan: StepPlan) -> bool:
+        """Free a sequence slot and KV blocks for an admission, preempting strictly less important
+        classes only; False when that is not enough (the request keeps its place in the queue)."""
+        bm = self.block_manager
+        while len(self.running) >= self.max_num_seqs or not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+            victim = self._victim(exclude=scheduled, max_rank=rank)
+            if victim is None:
+                return False
+            self._preempt(victim, plan)
+        return True
+
+    def _record_shares(self, plan: StepPlan) -> None:
+        per_class: dict[str, int] = {}
+        for chunk in plan.chunks:
+            name = self.seqs[chunk.seq_id].class_name
+            per_class[name] = per_class.get(name, 0) + chunk.num_tokens
+        for name, state in self.classes.items():
+            state.recent.append(per_class.get(name, 0))
+
+    # ---- results ---------------------------------------------------------------------------------
+    def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
+        with self.lock:
+            now = self.clock.now()
+            touched = []
+            for chunk in plan.chunks:
+                seq = self.seqs.get(chunk.seq_id)
+                if seq is None:  # aborted while the step ran
+                    continue
+                state = self.classes[seq.class_name]
+                fresh_prompt = max(0, min(chunk.start + chunk.num_tokens, seq.num_prompt_tokens)
+                                   - max(chunk.start, seq.extra.get("charged_prompt", 0)))
+                seq.extra["charged_prompt"] = seq.extra.get("charged_prompt", 0) + fresh_prompt
+                sampled = output.sampled.get(chunk.seq_id) if chunk.sample else None
+                state.vtc.charge(seq.user, fresh_prompt, 1 if sampled is not None else 0)
+                state.served_tokens += chunk.num_tokens
+                self._apply_chunk(seq, chunk.num_tokens, sampled, now)
+                if sampled is not None:
+                    touched.append(seq)
+            return touched
+
+    def class_stats(self) -> dict[str, dict[str, object]]:
+        with self.lock:
+            return {name: {"queued": len(s.queue), "running": s.num_running, "served_tokens": s.served_tokens,
+                           "depth_by_level": s.queue.depth_by_level(), "fairness": s.vtc.snapshot()}
+                    for name, s in self.classes.items()}
+
+
+def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
+    start = seq.num_computed_tokens
+    return ScheduledChunk(seq.seq_id, start, n, sample=start + n == seq.num_tokens)
