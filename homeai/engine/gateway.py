@@ -1,0 +1,197 @@
+"""The serving core as the API sees it: models from the repository, the policy, one device loop.
+
+``Gateway.start`` loads the policy's models (the LLM through the class scheduler, the encoders through
+the embedding service), wires them to one batcher and one device loop, and follows policy swaps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
+from homeai.engine.device_loop import DeviceLoop
+from homeai.engine.embed_service import EmbedResult, EmbedService
+from homeai.engine.llm_engine import LLMEngine, RequestError
+from homeai.engine.types import SamplingParams, TokenDelta
+from homeai.policy.schema import Policy
+from homeai.policy.store import PolicyHolder
+from homeai.repository.entries import ModelEntry, load_entries
+from homeai.repository.pull import pull
+from homeai.runtime.device import choose_device
+from homeai.runtime.embedder import Embedder
+from homeai.scheduling.batcher import Batcher
+from homeai.scheduling.class_scheduler import ClassScheduler
+
+log = logging.getLogger(__name__)
+
+
+class UnknownModelError(LookupError):
+    """No served model or alias has this name (HTTP 404)."""
+
+
+@dataclass(slots=True)
+class GatewayConfig:
+    cache_dir: Path | None = None
+    models_dir: Path | None = None
+    device: str | None = None
+    dtype: str | None = None
+    kv_cache_mb: int = 256
+    max_model_len: int | None = None
+    pull_missing: bool = True
+
+
+@dataclass(slots=True)
+class Route:
+    """Where a request goes: the served model and its class."""
+
+    model: str
+    class_name: str
+
+
+@dataclass
+class Gateway:
+    policy_holder: PolicyHolder
+    config: GatewayConfig = field(default_factory=GatewayConfig)
+    llms: dict[str, LLMEngine] = field(default_factory=dict)
+    embedders: dict[str, Embedder] = field(default_factory=dict)
+    entries: dict[str, ModelEntry] = field(default_factory=dict)
+    batcher: Batcher | None = None
+    embed_service: EmbedService | None = None
+    loop: DeviceLoop | None = None
+    started_s: float = 0.0
+
+    @property
+    def policy(self) -> Policy:
+        return self.policy_holder.current
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.config
+        policy = self.policy
+        self.entries = load_entries(cfg.models_dir)
+        device = choose_device(cfg.device)
+        llm_models = sorted({c.model for c in policy.classes.values() if c.kind == "llm"})
+        emb_models = sorted({c.model for c in policy.classes.values() if c.kind == "embedding"})
+        if len(llm_models) > 1:
+            raise RequestError(f"one LLM per device for now; the policy names {llm_models}")
+        scheduler: ClassScheduler | None = None
+        for name in llm_models:
+            entry = self._entry(name)
+            folder = self._folder(entry)
+            scheduler = ClassScheduler(None, policy, model=name)
+            ecfg = EngineConfig(device=str(device), dtype=cfg.dtype, kv_cache_mb=cfg.kv_cache_mb,
+                                max_model_len=cfg.max_model_len or entry.served_len)
+            self.llms[name] = build_llm_engine(folder, ecfg, scheduler)
+        for name in emb_models:
+            entry = self._entry(name)
+            self.embedders[name] = Embedder.load(self._folder(entry), device)
+        self.batcher = Batcher(policy, scheduler)
+        self.embed_service = EmbedService(self.batcher, self.embedders)
+        llm = next(iter(self.llms.values()), None)
+        self.loop = DeviceLoop(llm=llm, batcher=self.batcher, embed=self.embed_service)
+        self.policy_holder.subscribe(lambda p, _v: self.batcher.apply_policy(p) if self.batcher else None)
+        self.loop.start()
+        self.started_s = time.time()
+
+    def shutdown(self) -> None:
+        if self.loop is not None:
+            self.loop.shutdown()
+            self.loop = None
+
+    def _entry(self, name: str) -> ModelEntry:
+        if name not in self.entries:
+            raise UnknownModelError(f"model {name!r} is not in the model repository")
+        return self.entries[name]
+
+    def _folder(self, entry: ModelEntry) -> Path:
+        from homeai.repository.cache import default_cache_dir
+
+        cache = self.config.cache_dir or default_cache_dir()
+        if not entry.is_present(cache):
+            if not self.config.pull_missing:
+                raise UnknownModelError(f"model {entry.name!r} is not pulled; run `homeai pull {entry.name}`")
+            return pull(entry, cache)
+        return entry.local_path(cache)
+
+    # ---- routing ---------------------------------------------------------------------------------
+    def route(self, model: str | None, class_name: str | None, kind: str, user: str = "default") -> Route:
+        """Class: explicit (header / key) > model alias > the user's default class > endpoint default."""
+        policy = self.policy
+        alias = policy.aliases.get(model or "")
+        if class_name is None and alias is not None:
+            class_name = alias.class_name
+        if class_name is None:
+            default = policy.user(user).default_class
+            if default and policy.classes.get(default) is not None and policy.classes[default].kind == kind:
+                class_name = default
+        if class_name is None:
+            class_name = "chat" if kind == "llm" else "embedding"
+        cp = policy.classes.get(class_name)
+        if cp is None:
+            raise RequestError(f"unknown class {class_name!r}; known: {sorted(policy.classes)}")
+        if cp.kind != kind:
+            raise RequestError(f"class {class_name!r} serves {cp.kind}, not {kind}")
+        if not policy.user(user).allows(class_name):
+            raise PermissionError(f"user {user!r} may not use class {class_name!r}")
+        if model and alias is None and model != cp.model and model not in self.served_models():
+            raise UnknownModelError(f"model {model!r} not found")
+        return Route(cp.model, class_name)
+
+    def served_models(self) -> list[str]:
+        return sorted([*self.llms, *self.embedders])
+
+    def llm(self, model: str) -> LLMEngine:
+        engine = self.llms.get(model)
+        if engine is None:
+            raise UnknownModelError(f"LLM {model!r} is not served")
+        return engine
+
+    # ---- requests --------------------------------------------------------------------------------
+    def chat_prompt(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+        return chat_prompt_ids(self.llm(model).tokenizer, messages)
+
+    def encode(self, model: str, text: str) -> list[int]:
+        return list(self.llm(model).tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,
+                 request_id: str | None = None, priority_level: int | None = None,
+                 timeout_us: int | None = None) -> AsyncIterator[TokenDelta]:
+        """Stream token deltas. Awaiting the first one raises RequestError (400) or QueueFullError
+        (429) at once; a queue timeout arrives as a delta with ``error`` set (503)."""
+        cp = self.policy.classes[route.class_name]
+        if cp.max_prompt_tokens and len(prompt_ids) > cp.max_prompt_tokens:
+            raise RequestError(f"prompt has {len(prompt_ids)} tokens; class {route.class_name!r} allows "
+                               f"{cp.max_prompt_tokens}")
+        if cp.max_output_tokens:
+            params.max_tokens = min(params.max_tokens, cp.max_output_tokens)
+        extra = {k: v for k, v in (("priority_level", priority_level), ("timeout_us", timeout_us)) if v}
+        engine = self.llm(route.model)
+        seq_meta: dict[str, Any] = {"class_name": route.class_name, "user": user}
+        return engine.generate(prompt_ids, params, request_id, **seq_meta, extra=extra)
+
+    async def embed(self, route: Route, inputs: list[str] | list[list[int]], user: str,
+                    priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
+        assert self.embed_service is not None
+        return await self.embed_service.embed(route.class_name, inputs, user, priority_level, timeout_us)
+
+    # ---- stats -----------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"classes": {}, "device": {}}
+        for name, engine in self.llms.items():
+            sched = engine.scheduler
+            bm = sched.block_manager
+            out["device"][name] = {"kv_usage": bm.usage, "kv_blocks": bm.num_blocks,
+                                   "steps": engine.stats.num_steps, "preemptions": engine.stats.num_preemptions,
+                                   "last_batch_tokens": engine.stats.last_batch_tokens,
+                                   "last_batch_seqs": engine.stats.last_batch_seqs}
+            if isinstance(sched, ClassScheduler):
+                out["classes"].update(sched.class_stats())
+        if self.batcher is not None:
+            for name, q in self.batcher.embed_queues.items():
+                out["classes"][name] = {"queued": len(q), "running": 0, "depth_by_level": q.depth_by_level()}
+        return out
