@@ -1,0 +1,38 @@
+# Two commands do all set-up on a fresh machine:
+#   make run   -> venv + packages + models, then the server on 127.0.0.1:8000
+#   make test  -> venv + packages + models, then the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Tests use a cache inside the checkout so that repeated runs reuse the converted models.
+TEST_CACHE := $(CURDIR)/.cache/homeai
+MODELS := smollm2-135m-instruct all-minilm-l6-v2
+
+.PHONY: install pull run test lint bench-engine bench-sim
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(BIN)/.installed
+
+pull: install
+	for m in $(MODELS); do $(BIN)/homeai pull $$m || exit 1; done
+
+run: pull
+	$(BIN)/homeai serve
+
+test: install
+	for m in $(MODELS); do HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/homeai pull $$m || exit 1; done
+	HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check homeai tui tests
+
+bench-engine: pull
+	$(BIN)/homeai bench engine --json
+
+bench-sim: install
+	$(BIN)/homeai bench sim --trace household --json
