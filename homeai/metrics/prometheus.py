@@ -1,0 +1,89 @@
+"""Prometheus series of one recorder, in its own CollectorRegistry (never the global one).
+
+Per-request series (histograms and counters) are updated as requests progress; the engine's state
+(running and waiting by class, KV usage, steps, preemptions, last batch) is read from a
+``Gateway.snapshot()`` dict at scrape time by ``SnapshotCollector``, so the device loop never pays
+for metrics nobody reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# Seconds. TTFT spans a voice reply (tens of ms) to a queued background prompt (minutes).
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
+
+class PromSeries:
+    """The labelled series a MetricsRecorder writes; children are cached per label set (hot path)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.ttft = Histogram("homeai_ttft_seconds", "Time to first token", ["class_name"],
+                              buckets=TTFT_BUCKETS_S, registry=reg)
+        self.itl = Histogram("homeai_itl_seconds", "Inter-token latency", ["class_name"],
+                             buckets=ITL_BUCKETS_S, registry=reg)
+        self.queue = Histogram("homeai_queue_seconds", "Time from arrival to leaving the class queue",
+                               ["class_name"], buckets=TTFT_BUCKETS_S, registry=reg)
+        self.e2e = Histogram("homeai_e2e_seconds", "End-to-end request latency", ["class_name"],
+                             buckets=E2E_BUCKETS_S, registry=reg)
+        self.prompt_tokens = Counter("homeai_prompt_tokens", "Prompt tokens received",
+                                     ["user", "class_name"], registry=reg)
+        self.generation_tokens = Counter("homeai_generation_tokens", "Tokens generated",
+                                         ["user", "class_name"], registry=reg)
+        self.requests = Counter("homeai_requests", "Finished requests", ["class_name", "status"], registry=reg)
+        self.rejections = Counter("homeai_rejections", "Requests rejected", ["class_name", "reason"],
+                                  registry=reg)
+        self.collector = SnapshotCollector()
+        reg.register(self.collector)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def child(self, metric: Histogram | Counter, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: labels() takes a lock and builds a tuple on each call."""
+        key = (str(id(metric)), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+
+class SnapshotCollector(Collector):
+    """Gauges from the Gateway snapshot handed to it just before a scrape (``snapshot`` attribute)."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing at registration time: the snapshot arrives with the scrape
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot or {}
+        running = GaugeMetricFamily("homeai_running", "Running requests by class", labels=["class_name"])
+        waiting = GaugeMetricFamily("homeai_waiting", "Queued requests by class", labels=["class_name"])
+        for name, c in sorted((snap.get("classes") or {}).items()):
+            running.add_metric([name], float(c.get("running", 0)))
+            waiting.add_metric([name], float(c.get("queued", 0)))
+        yield running
+        yield waiting
+        kv = GaugeMetricFamily("homeai_kv_cache_usage_ratio", "KV cache blocks in use", labels=["model"])
+        steps = CounterMetricFamily("homeai_engine_steps", "Engine steps run", labels=["model"])
+        preempt = CounterMetricFamily("homeai_preemptions", "Sequences preempted", labels=["model"])
+        batch_tokens = GaugeMetricFamily("homeai_last_batch_tokens", "Tokens in the last LLM step",
+                                         labels=["model"])
+        batch_seqs = GaugeMetricFamily("homeai_last_batch_seqs", "Sequences in the last LLM step",
+                                       labels=["model"])
+        for model, d in sorted((snap.get("device") or {}).items()):
+            kv.add_metric([model], float(d.get("kv_usage", 0.0)))
+            steps.add_metric([model], float(d.get("steps", 0)))
+            preempt.add_metric([model], float(d.get("preemptions", 0)))
+            batch_tokens.add_metric([model], float(d.get("last_batch_tokens", 0)))
+            batch_seqs.add_metric([model], float(d.get("last_batch_seqs", 0)))
+        yield from (kv, steps, preempt, batch_tokens, batch_seqs)

@@ -1,0 +1,68 @@
+"""The /v1/stats document: the recorder's windows joined with the engine snapshot and the policy.
+
+Shape (times in ms, rates in tokens/s)::
+
+    {"time": epoch_s, "window_s": 60, "uptime_s": ...,
+     "classes": {name: {"kind", "priority", "background", "queued", "running", "depth_by_level",
+                        "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "ttft_samples",
+                        "itl_samples", "requests": {status: n}, "rejections": {reason: n},
+                        "targets": {"ttft_ms", "itl_ms"}}},
+     "users": {name: {"tokens_per_s_10s", "tokens_per_s_60s", "prompt_tokens_per_s_60s",
+                      "generated_tokens", "prompt_tokens", "fairness": {class: counter}}},
+     "device": {model: {"kv_usage", "kv_blocks", "steps", "steps_per_s", "preemptions",
+                        "last_batch_tokens", "last_batch_seqs"}},
+     "recent": [FinishedRequest dicts, most recent first]}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from homeai.metrics.recorder import MetricsRecorder
+from homeai.policy.schema import Policy
+
+
+def build_stats(recorder: MetricsRecorder, snapshot: dict[str, Any] | None, policy: Policy | None,
+                recent_limit: int = 50) -> dict[str, Any]:
+    """One JSON-ready snapshot for the TUI (cheap: called about twice a second per viewer)."""
+    snap = snapshot or {}
+    snap_classes: dict[str, dict[str, Any]] = snap.get("classes") or {}
+    names = set(snap_classes) | recorder.class_names() | (set(policy.classes) if policy else set())
+    classes: dict[str, dict[str, Any]] = {}
+    fairness_by_user: dict[str, dict[str, float]] = {}
+    for name in sorted(names):
+        engine = snap_classes.get(name, {})
+        entry: dict[str, Any] = {
+            "queued": int(engine.get("queued", 0)),
+            "running": int(engine.get("running", 0)),
+            "depth_by_level": engine.get("depth_by_level", {}),
+            **recorder.class_latency(name),
+            "requests": recorder.requests_by_status(name),
+            "rejections": recorder.rejections(name),
+        }
+        cp = policy.classes.get(name) if policy else None
+        if cp is not None:
+            entry.update(kind=cp.kind, model=cp.model, priority=cp.priority, background=cp.background,
+                         targets={"ttft_ms": cp.targets.ttft_ms, "itl_ms": cp.targets.itl_ms})
+        classes[name] = entry
+        for user, counter in (engine.get("fairness") or {}).items():
+            fairness_by_user.setdefault(user, {})[name] = float(counter)
+    users = recorder.user_rates()
+    for user in fairness_by_user.keys() - users.keys():
+        users[user] = {"tokens_per_s_10s": 0.0, "tokens_per_s_60s": 0.0, "prompt_tokens_per_s_60s": 0.0,
+                       "generated_tokens": 0, "prompt_tokens": 0}
+    for user, entry in users.items():
+        entry["fairness"] = fairness_by_user.get(user, {})
+    device: dict[str, dict[str, Any]] = {}
+    for model, d in (snap.get("device") or {}).items():
+        device[model] = {**d, "steps_per_s": recorder.steps_per_s(model, int(d.get("steps", 0)))}
+    return {
+        "time": recorder.wall_clock(),
+        "uptime_s": recorder.clock() - recorder.started_s,
+        "window_s": recorder.window_s,
+        "num_live_requests": recorder.num_live(),
+        "classes": classes,
+        "users": dict(sorted(users.items())),
+        "device": device,
+        "recent": recorder.recent_requests(recent_limit),
+    }
