@@ -78,7 +78,7 @@ class DeviceLoop:
         else:
             assert isinstance(work, EmbedWork) and self.embed is not None
             self.embed.run(work)
-            self.batcher.record(work.class_name, start, self.batcher.clock.now())
+            self.batcher.record(work.class_name, start, self.batcher.clock.now(), len(work.items))
         self.num_iterations += 1
         return True
 

@@ -25,6 +25,8 @@ from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.clock import Clock, MonotonicClock
 
 SHARE_WINDOW_S = 5.0
+INTERACTIVE_HORIZON_S = 10.0
+BACKGROUND_BATCH_TTFT_FRACTION = 0.1  # a background batch may cost this much of the tightest TTFT target
 ITL_SLACK_FRACTION = 0.8  # use at most this much of the tightest ITL target for background batches
 
 
@@ -49,6 +51,8 @@ class Batcher:
         self._cost_s: dict[str, float] = {}  # EWMA of a batch's duration per class
         self._last_llm_end_s = 0.0
         self._last_was_embed = False
+        self._per_item_s: dict[str, float] = {}  # EWMA of a batch's duration per input, per class
+        self._last_interactive_embed_s = float("-inf")
         self.apply_policy(policy)
 
     def apply_policy(self, policy: Policy) -> None:
@@ -64,13 +68,16 @@ class Batcher:
         if self.llm is not None:
             self.llm.apply_policy(policy)
 
-    def push_embedding(self, class_name: str, item: QueuedItem) -> None:
+    def push_embedding(self, class_name: str, item: QueuedItem, now: float | None = None) -> None:
         """Queue one embedding input; raises QueueFullError at once when the class queue is full."""
         with self.lock:
             queue = self.embed_queues.get(class_name)
             if queue is None:
                 raise KeyError(f"{class_name!r} is not an embedding class; known: {sorted(self.embed_queues)}")
-            queue.push(item, self.clock.now())
+            now = self.clock.now() if now is None else now
+            queue.push(item, now)
+            if not queue.policy.background:
+                self._last_interactive_embed_s = now
 
     def cancel_embedding(self, class_name: str, request_id: str) -> None:
         with self.lock:
@@ -113,13 +120,30 @@ class Batcher:
 
     def _take(self, name: str, now: float, force: bool = False) -> EmbedWork | None:
         q = self.embed_queues[name]
-        items = q.form_batch(now)
-        if items is None and force:
-            items = q.form_batch(now + q.policy.max_queue_delay_s + 1e-6)
+        cap = self._background_cap(q, now)
+        items = q.form_batch(now, cap)
+        if items is None and (force or cap is not None):
+            items = q.form_batch(now + q.policy.max_queue_delay_s + 1e-6, cap)
         if not items:
             return None
         self._last_was_embed = True
         return EmbedWork(name, items)
+
+    def _background_cap(self, q: ClassQueue, now: float) -> int | None:
+        """While interactive classes are active, a background batch is cut to what costs at most a
+        tenth of the tightest TTFT target (measured cost per input), so a voice request that arrives
+        during it waits little; a quiet house gets full batches."""
+        if not q.policy.background or q.name not in self._per_item_s:
+            return None
+        recent_llm = self.llm is not None and getattr(self.llm, "interactive_active", lambda _n: False)(now)
+        if not recent_llm and now - self._last_interactive_embed_s > INTERACTIVE_HORIZON_S:
+            return None
+        targets = [cp.targets.ttft_ms / 1000.0 for cp in self.policy.classes.values()
+                   if not cp.background and cp.targets is not None and cp.targets.ttft_ms]
+        if not targets:
+            return None
+        budget_s = BACKGROUND_BATCH_TTFT_FRACTION * min(targets)
+        return max(1, min(q.policy.max_batch_size, int(budget_s / self._per_item_s[q.name])))
 
     def _starved_background(self) -> list[str]:
         total = sum(d for _, d, _ in self._busy)
@@ -134,8 +158,13 @@ class Batcher:
 
     def _llm_admission_ready(self, now: float) -> bool:
         assert self.llm is not None
+        if not hasattr(self.llm, "classes"):
+            return True  # a plain scheduler: any work is admissible
+        if self.llm.num_running >= self.llm.max_num_seqs:
+            return False
         for state in self.llm.classes.values():
-            if state.policy.background:
+            cap = state.policy.max_running
+            if state.policy.background or (cap is not None and state.num_running >= cap):
                 continue
             ready = state.queue.next_ready_at(now)
             if ready is not None and ready <= now:
@@ -161,7 +190,7 @@ class Batcher:
         return out
 
     # ---- bookkeeping -----------------------------------------------------------------------------
-    def record(self, what: str, start_s: float, end_s: float) -> None:
+    def record(self, what: str, start_s: float, end_s: float, num_items: int = 0) -> None:
         """Account a finished piece of work: its class (or "llm") and how long the device was busy."""
         with self.lock:
             duration = max(0.0, end_s - start_s)
@@ -174,6 +203,10 @@ class Batcher:
             else:
                 prev = self._cost_s.get(what)
                 self._cost_s[what] = duration if prev is None else 0.8 * prev + 0.2 * duration
+                if num_items:
+                    per = duration / num_items
+                    prev = self._per_item_s.get(what)
+                    self._per_item_s[what] = per if prev is None else 0.8 * prev + 0.2 * per
 
     def next_wake_s(self) -> float | None:
         """The earliest time something may become ready (a delay window closing, a timeout)."""

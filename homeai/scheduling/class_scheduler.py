@@ -26,6 +26,7 @@ from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
 
+INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps background chunks small
 SHARE_WINDOW_STEPS = 64  # steps over which a background class's share is measured for min_share
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 
@@ -63,6 +64,8 @@ class ClassScheduler(StepScheduler):
         self.running: list[Sequence] = []
         self.rejected: list[Sequence] = []  # timed out in a queue (REJECT): the engine fails them
         self.num_preemptions = 0
+        self.last_interactive_s = float("-inf")  # last time an interactive class had work
+        self._interactive_now = False
         self.apply_policy(policy)
 
     # ---- policy ----------------------------------------------------------------------------------
@@ -96,8 +99,9 @@ class ClassScheduler(StepScheduler):
     def has_work(self) -> bool:
         return bool(self.running) or any(len(c.queue) for c in self.classes.values()) or bool(self.rejected)
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence in its class; raises QueueFullError at once when its level is full."""
+    def add(self, seq: Sequence, now: float | None = None) -> None:
+        """Queue a sequence in its class; raises QueueFullError at once when its level is full.
+        ``now`` lets a simulator stamp the true arrival of a request that came in during a step."""
         with self.lock:
             state = self.classes.get(seq.class_name)
             if state is None:
@@ -107,10 +111,12 @@ class ClassScheduler(StepScheduler):
                               timeout_override_us=seq.extra.get("timeout_us"), cost=seq.num_prompt_tokens,
                               payload=seq)
             newly = state.queue.num_queued_for(seq.user) == 0
-            state.queue.push(item, self.clock.now())
+            state.queue.push(item, self.clock.now() if now is None else now)
             if newly:
                 state.vtc.on_backlogged(seq.user, state.queue.users_queued())
             seq.arrival_s = item.arrival_s
+            if not state.policy.background:
+                self.last_interactive_s = item.arrival_s
             seq.status = SequenceStatus.WAITING
             seq.extra["item"] = item
             self.seqs[seq.seq_id] = seq
@@ -150,6 +156,10 @@ class ClassScheduler(StepScheduler):
         with self.lock:
             now = self.clock.now()
             self._expire(now)
+            if any(s.num_running for s in self.classes.values() if not s.policy.background):
+                self.last_interactive_s = now
+            self._interactive_now = self.interactive_active(now)
+            self._prefill_used: dict[str, int] = {}
             plan = StepPlan()
             budget = self._schedule_running(plan, self.max_num_batched_tokens)
             self._admit(plan, budget, now)
@@ -171,12 +181,26 @@ class ClassScheduler(StepScheduler):
         state = self.classes.get(seq.class_name)
         return state.rank if state is not None else BACKGROUND_RANK * 2
 
+    def interactive_active(self, now: float) -> bool:
+        """Interactive work runs, or arrived recently enough that more is likely."""
+        return now - self.last_interactive_s <= INTERACTIVE_HORIZON_S
+
     def _chunk_cap(self, seq: Sequence) -> int:
-        """Background prompts take at most a quarter of a step so interactive admissions still fit."""
+        """Prompt tokens a sequence may take this step. Background classes: the whole budget when the
+        house is quiet; while interactive classes are active, the class's prompt chunks together get
+        its min_share of the budget (at least 32 tokens), so a step stays short and a voice request
+        arriving meanwhile waits little. Decode tokens are never capped."""
         state = self.classes.get(seq.class_name)
-        if state is not None and state.policy.background:
-            return max(1, self.max_num_batched_tokens // 4)
-        return self.max_num_batched_tokens
+        if seq.num_pending_tokens == 1 or state is None or not state.policy.background \
+                or not self._interactive_now:
+            return self.max_num_batched_tokens
+        class_cap = max(32, int(self.max_num_batched_tokens * max(state.policy.min_share, 0.05)))
+        return max(0, class_cap - self._prefill_used.get(state.name, 0))
+
+    def _take_tokens(self, plan: StepPlan, seq: Sequence, n: int) -> None:
+        plan.chunks.append(_chunk(seq, n))
+        if n > 1:
+            self._prefill_used[seq.class_name] = self._prefill_used.get(seq.class_name, 0) + n
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         bm = self.block_manager
@@ -187,6 +211,8 @@ class ClassScheduler(StepScheduler):
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
             n = min(seq.num_pending_tokens, budget, self._chunk_cap(seq))
+            if n == 0:
+                continue
             while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
                 victim = self._victim(exclude=scheduled, max_rank=None)
                 if victim is None:
@@ -197,7 +223,7 @@ class ClassScheduler(StepScheduler):
             if seq.status != SequenceStatus.RUNNING or not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
                 continue
             bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
-            plan.chunks.append(_chunk(seq, n))
+            self._take_tokens(plan, seq, n)
             scheduled.add(seq.seq_id)
             budget -= n
         return budget
@@ -244,6 +270,8 @@ class ClassScheduler(StepScheduler):
                     break
                 seq: Sequence = item.payload
                 n = min(seq.num_pending_tokens, budget, self._chunk_cap(seq))
+                if n == 0:
+                    break
                 if not self._make_room(seq, n, state.rank, scheduled, plan):
                     break
                 state.queue.take(item, now)
@@ -253,7 +281,7 @@ class ClassScheduler(StepScheduler):
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 state.num_running += 1
-                plan.chunks.append(_chunk(seq, n))
+                self._take_tokens(plan, seq, n)
                 scheduled.add(seq.seq_id)
                 budget -= n
 

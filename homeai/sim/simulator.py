@@ -1,0 +1,177 @@
+"""Runs the real class scheduler and batcher on virtual time with a cost-model runner.
+
+Nothing here is a re-implementation of the policy: the same ``ClassScheduler`` and ``Batcher`` objects
+the server uses plan every step; only the device is replaced by a cost model that advances a
+``VirtualClock``. Runs are deterministic, so policies can be compared at scales this machine cannot run.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from homeai.engine.block_manager import BlockManager
+from homeai.engine.sequence import Sequence
+from homeai.engine.types import SamplingParams, StepOutput
+from homeai.policy.schema import Policy
+from homeai.scheduling.batcher import LLM_STEP, Batcher, EmbedWork
+from homeai.scheduling.class_queue import QueuedItem, QueueFullError
+from homeai.scheduling.class_scheduler import ClassScheduler
+from homeai.scheduling.clock import VirtualClock
+from homeai.sim.cost_model import CostModel
+from homeai.sim.trace import TraceRequest
+
+FAKE_TOKEN = 7
+# (class, priority level, user) a trace request is sent as under a given policy
+Mapping = Callable[[TraceRequest], tuple[str, int | None, str]]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    req: TraceRequest
+    first_s: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    done_s: float | None = None
+    inputs_left: int = 0
+    rejected: str | None = None
+
+
+@dataclass(slots=True)
+class SimResult:
+    records: list[RequestRecord]
+    horizon_s: float
+    processed_tokens: dict[str, int]  # class -> tokens the device processed (prefill + decode + embed)
+    num_llm_steps: int = 0
+    num_embed_batches: int = 0
+    num_preemptions: int = 0
+
+
+class Simulator:
+    def __init__(self, policy: Policy, cost: CostModel, mapping: Mapping, num_kv_blocks: int = 4096,
+                 block_size: int = 16, background_concurrency: int = 16) -> None:
+        self.clock = VirtualClock()
+        self.cost = cost
+        self.mapping = mapping
+        self.block_manager = BlockManager(num_kv_blocks, block_size)
+        self.scheduler = ClassScheduler(self.block_manager, policy, self.clock)
+        self.batcher = Batcher(policy, self.scheduler, self.clock)
+        self._ids = itertools.count()
+        self.records: dict[str, RequestRecord] = {}
+        self.processed: dict[str, int] = {}
+        # Background jobs are closed-loop clients (as the job runner is): at most this many requests of
+        # each background class outstanding; the next goes in when one completes.
+        self.background_concurrency = background_concurrency
+        self._backlog: dict[str, list[TraceRequest]] = {}
+        self._outstanding: dict[str, int] = {}
+
+    def _submit(self, req: TraceRequest) -> None:
+        rid = f"r{next(self._ids)}"
+        rec = self.records[rid] = RequestRecord(req)
+        cls, level, user = self.mapping(req)
+        try:
+            if req.kind == "llm":
+                params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
+                seq = Sequence(next(self._ids), rid, [FAKE_TOKEN] * req.prompt_tokens, params,
+                               class_name=cls, user=user, extra={"priority_level": level, "trace": req})
+                self.scheduler.add(seq, req.arrival_s)
+            else:
+                assert req.input_tokens is not None
+                rec.inputs_left = len(req.input_tokens)
+                for k, n in enumerate(req.input_tokens):
+                    self.batcher.push_embedding(cls, QueuedItem(f"{rid}/{k}", user, priority_level=level,
+                                                                cost=n, payload=(rid, n, req.class_name)),
+                                                req.arrival_s)
+        except QueueFullError:
+            rec.rejected = "queue_full"
+            self._done(rec)
+
+    def _refill_background(self, now: float) -> None:
+        for cls, backlog in self._backlog.items():
+            while backlog and self._outstanding.get(cls, 0) < self.background_concurrency:
+                req = backlog.pop()
+                req.arrival_s = max(req.arrival_s, now)
+                self._outstanding[cls] = self._outstanding.get(cls, 0) + 1
+                self._submit(req)
+
+    def _done(self, rec: RequestRecord) -> None:
+        if rec.req.background:
+            self._outstanding[rec.req.class_name] -= 1
+
+    def run(self, trace: list[TraceRequest], horizon_s: float) -> SimResult:
+        for req in trace:
+            if req.background:
+                self._backlog.setdefault(req.class_name, []).append(copy.copy(req))
+        for backlog in self._backlog.values():
+            backlog.reverse()  # pop() takes them in trace order
+        pending = sorted((r for r in trace if not r.background), key=lambda r: r.arrival_s)
+        i, steps, batches = 0, 0, 0
+        while self.clock.now() < horizon_s:
+            now = self.clock.now()
+            while i < len(pending) and pending[i].arrival_s <= now:
+                self._submit(pending[i])
+                i += 1
+            self._refill_background(now)
+            self._collect_timeouts()
+            work = self.batcher.next_work()
+            start = self.clock.now()
+            if work == LLM_STEP and self._llm_step():
+                steps += 1
+                self.batcher.record(LLM_STEP, start, self.clock.now())
+                continue
+            if isinstance(work, EmbedWork):
+                self._embed_batch(work)
+                batches += 1
+                self.batcher.record(work.class_name, start, self.clock.now(), len(work.items))
+                continue
+            wake = [t for t in (pending[i].arrival_s if i < len(pending) else None, self.batcher.next_wake_s())
+                    if t is not None and t > now]
+            self.clock.set(min([*wake, horizon_s]))
+        return SimResult(list(self.records.values()), horizon_s, dict(self.processed), steps, batches,
+                         self.scheduler.num_preemptions)
+
+    def _llm_step(self) -> bool:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return False
+        seqs = self.scheduler.seqs
+        ctx = sum(c.start + c.num_tokens for c in plan.chunks)
+        self.clock.advance(self.cost.llm_step_s(plan.num_tokens, len(plan.chunks), ctx))
+        for c in plan.chunks:
+            trace_cls = seqs[c.seq_id].extra["trace"].class_name
+            self.processed[trace_cls] = self.processed.get(trace_cls, 0) + c.num_tokens
+        output = StepOutput(sampled={c.seq_id: FAKE_TOKEN for c in plan.chunks if c.sample})
+        now = self.clock.now()
+        for seq in self.scheduler.update(plan, output):
+            rec = self.records[seq.request_id]
+            rec.token_times.append(now)
+            if rec.first_s is None:
+                rec.first_s = now
+            if seq.status.is_finished:
+                rec.done_s = now
+                self._done(rec)
+        return True
+
+    def _embed_batch(self, work: EmbedWork) -> None:
+        tokens = sum(item.payload[1] for item in work.items)
+        self.clock.advance(self.cost.embed_batch_s(tokens))
+        now = self.clock.now()
+        for item in work.items:
+            rid, n, trace_cls = item.payload
+            self.processed[trace_cls] = self.processed.get(trace_cls, 0) + n
+            rec = self.records[rid]
+            rec.inputs_left -= 1
+            if rec.inputs_left == 0:
+                rec.first_s = rec.done_s = now
+                self._done(rec)
+
+    def _collect_timeouts(self) -> None:
+        for seq in self.scheduler.drain_rejected():
+            self.records[seq.request_id].rejected = "timeout"
+            self._done(self.records[seq.request_id])
+        for _name, item in self.batcher.expire_embeddings():
+            rec = self.records[item.payload[0]]
+            if rec.rejected is None:
+                rec.rejected = "timeout"
+                self._done(rec)
