@@ -1,12 +1,12 @@
 """`homeai` console script: one argparse parser; each part registers its own subcommands.
 
-Minimal version (repository commands only) until the CLI owner wires in the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from homeai.cli.chat_cmd import add_chat_command
 from homeai.cli.policy_cmds import add_policy_commands
 from homeai.cli.repository_cmds import add_repository_commands
 
@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_repository_commands(subparsers)
     add_policy_commands(subparsers)
+    add_chat_command(subparsers)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
