@@ -1,0 +1,51 @@
+"""`homeai bench sim`: the household mix on virtual time under FIFO, single-queue priority and ours."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from homeai.sim.cost_model import PROFILES, resolve_profile
+from homeai.sim.household import compare
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+
+def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", default="household", choices=["household"])
+    p.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
+    p.add_argument("--profile", default="gpu-8b",
+                   help=f"cost model: {', '.join(sorted(PROFILES))} or a JSON file from `homeai bench calibrate`")
+    p.add_argument("--horizon", type=float, default=120.0, help="virtual seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1000:.0f}ms" if isinstance(v, float) else str(v)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    variants = {"ours": report, **report["baselines"]}
+    print(f"household mix, {report['horizon_s']:.0f} s virtual, cost profile {report['profile']}")
+    for name, fig in variants.items():
+        print(f"\n== {name}: voice_ttft_p99_ratio={fig['voice_ttft_p99_ratio']:.2f} "
+              f"background_throughput_ratio={fig['background_throughput_ratio']:.2f} jain_chat={fig['jain_chat']:.3f}")
+        print(f"{'class':<10} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>9} "
+              f"{'done':>6} {'rej':>5}")
+        for cls, c in fig["classes"].items():
+            print(f"{cls:<10} {_fmt(c['ttft_p50_s']):>9} {_fmt(c['ttft_p99_s']):>9} {_fmt(c['itl_p50_s']):>8} "
+                  f"{_fmt(c['itl_p99_s']):>8} {c['tokens_per_s']:>9.0f} {c['completed']:>6} {c['rejections']:>5}")
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    report = compare(args.policy, resolve_profile(args.profile), args.horizon, args.seed)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    return 0
