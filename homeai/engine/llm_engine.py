@@ -149,11 +149,12 @@ class LLMEngine:
         touched = self.scheduler.update(plan, output)
         touched += self._rejected()
         st = self.stats
-        st.num_steps += 1
         st.num_preemptions += len(plan.preempted)
         st.last_batch_tokens = plan.num_tokens
         st.last_batch_seqs = len(plan.chunks)
-        st.num_tokens_generated += len(output.sampled)
+        if not plan.is_empty:
+            st.num_steps += 1
+            st.num_tokens_generated += len(output.sampled)
         deltas = [self._delta(seq) for seq in touched]
         for seq in touched:
             if seq.status.is_finished:
