@@ -91,6 +91,7 @@ class ModelRunner:
             meta.decode_token_idx = torch.tensor(decode_rows, dtype=torch.long).to(dev)
             meta.decode_slots = all_slots.to(dev)
             meta.decode_mask = (torch.arange(max_len) < lens.unsqueeze(1)).view(len(decode_rows), 1, 1, -1).to(dev)
+            meta.all_decode = len(decode_rows) == len(ids)
         for token_start, start, n, table in prefill_specs:
             if start == 0:
                 meta.prefills.append(PrefillChunk(token_start, n, None, None))

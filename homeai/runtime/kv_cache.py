@@ -17,8 +17,9 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         num_slots = num_blocks * block_size
-        self.k = torch.zeros(num_layers, num_slots, num_kv_heads, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
+        # keys and values of a slot side by side: the layout of the k|v half of a fused qkv projection,
+        # so a layer writes both with one index_copy and reads both with one index_select.
+        self.kv = torch.zeros(num_layers, num_slots, 2, num_kv_heads, head_dim, device=device, dtype=dtype)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -26,13 +27,10 @@ class KVCache:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+    def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        """Store ``kv`` [T, 2, kv_heads, head_dim] at ``slots`` [T]."""
+        self.kv[layer].index_copy_(0, slots, kv)
 
-    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values at ``slots`` (any shape S), as tensors of shape S + [kv_heads, head_dim]."""
-        flat = slots.reshape(-1)
-        shape = (*slots.shape, *self.k.shape[2:])
-        return (self.k[layer].index_select(0, flat).view(shape),
-                self.v[layer].index_select(0, flat).view(shape))
+    def gather(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Keys and values at ``slots`` (any shape S), as S + [2, kv_heads, head_dim]."""
+        return self.kv[layer].index_select(0, slots.reshape(-1)).view(*slots.shape, *self.kv.shape[2:])
