@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from homeai.cli.bench_cmds import add_bench_commands
 from homeai.cli.chat_cmd import add_chat_command
 from homeai.cli.policy_cmds import add_policy_commands
 from homeai.cli.repository_cmds import add_repository_commands
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     add_repository_commands(subparsers)
     add_policy_commands(subparsers)
     add_chat_command(subparsers)
+    add_bench_commands(subparsers)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -1,0 +1,56 @@
+"""`homeai bench engine`: our engine against transformers' static batches, in one process and one run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_bench_commands(subparsers: Any) -> None:
+    """Register ``bench`` with its sub-benchmarks; each sets ``func(args) -> int``."""
+    bench = subparsers.add_parser("bench", help="benchmarks (print figures; never pass/fail)")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    p = kinds.add_parser("engine", help="our engine vs transformers' generate: tokens/s, TTFT, roofline")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="an LLM from `homeai models`")
+    p.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrencies (default 1,8,32)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--quick", action="store_true", help="few short requests: a smoke test, not a measurement")
+    p.add_argument("--max-tokens", type=int, default=16, help="with --quick: uniform output length")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default HOMEAI_CPU_THREADS or all cores)")
+    p.set_defaults(func=cmd_bench_engine)
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from homeai.bench.engine_bench import BenchConfig, format_bounds, run_bench
+    from homeai.repository.cache import default_cache_dir
+    from homeai.repository.entries import EntryError, get_entry
+    from homeai.repository.pull import PullError, pull
+
+    try:
+        concurrency = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
+        if not concurrency or min(concurrency) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"error: --concurrency wants positive integers like 1,8,32, got {args.concurrency!r}",
+              file=sys.stderr)
+        return 2
+    try:
+        entry = get_entry(args.model)
+        folder = pull(entry, default_cache_dir(), progress=not args.json)
+    except (EntryError, PullError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if entry.kind != "llm":
+        print(f"error: {args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
+        return 2
+    cfg = BenchConfig.quick(concurrency, args.max_tokens) if args.quick else BenchConfig(concurrency)
+    log = (lambda _msg: None) if args.json else print
+    out = run_bench(folder, cfg, args.threads, log=log)
+    out["model"] = args.model
+    if args.json:
+        print(json.dumps(out, indent=None))
+    else:
+        print(format_bounds(out))
+    return 0
