@@ -46,7 +46,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         print(f"error: {args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
         return 2
     cfg = BenchConfig.quick(concurrency, args.max_tokens) if args.quick else BenchConfig(concurrency)
-    log = (lambda _msg: None) if args.json else print
+    def log(msg: str) -> None:  # progress lines; with --json they go to stderr so stdout stays one object
+        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
+
     out = run_bench(folder, cfg, args.threads, log=log)
     out["model"] = args.model
     if args.json:
