@@ -10,6 +10,7 @@ from homeai.cli.bench_cmds import add_bench_commands
 from homeai.cli.chat_cmd import add_chat_command
 from homeai.cli.policy_cmds import add_policy_commands
 from homeai.cli.repository_cmds import add_repository_commands
+from homeai.cli.serve_cmd import add_serve_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     add_repository_commands(subparsers)
     add_policy_commands(subparsers)
     add_chat_command(subparsers)
+    add_serve_command(subparsers)
     add_bench_commands(subparsers)
     args = parser.parse_args(argv)
     return int(args.func(args))

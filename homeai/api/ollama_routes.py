@@ -1,0 +1,215 @@
+"""Ollama-compatible routes under /api: chat and generate (NDJSON streaming), embeddings, and the model
+endpoints that apps call first (tags, show, ps, pull, version).
+
+Home Assistant's Ollama integration lists /api/tags, pulls its model with /api/pull and chats with
+``tools``: tools are accepted and the answer is plain chat, so it never fails on them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from datetime import UTC, datetime
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+
+from homeai.api.errors import ApiError, BadRequest
+from homeai.api.model_info import model_details, model_ps, model_show, model_tags, pull_lines
+from homeai.api.ollama_schemas import (
+    ChatRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    ModelRequest,
+    Options,
+)
+from homeai.api.serving import (
+    Generation,
+    chat_prompt_ids,
+    check_token_ids,
+    default_max_tokens,
+    gateway_of,
+    request_context,
+    route_request,
+    run_embedding,
+    text_prompt_ids,
+)
+from homeai.api.streaming import ndjson_line, ndjson_stream
+from homeai.engine.types import FinishReason, SamplingParams
+
+OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose endpoints and fields we follow
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def sampling_params(options: Options | None, max_tokens: int) -> SamplingParams:
+    """Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1) for what is unset."""
+    o = options or Options()
+    return SamplingParams(
+        temperature=0.8 if o.temperature is None else o.temperature, top_k=40 if o.top_k is None else o.top_k,
+        top_p=0.9 if o.top_p is None else o.top_p, min_p=o.min_p or 0.0,
+        repetition_penalty=1.1 if o.repeat_penalty is None else o.repeat_penalty,
+        presence_penalty=o.presence_penalty or 0.0, frequency_penalty=o.frequency_penalty or 0.0,
+        seed=o.seed, max_tokens=max_tokens, stop=[s for s in o.stop or [] if s])
+
+
+def requested_max_tokens(options: Options | None) -> int | None:
+    n = options.num_predict if options else None
+    return n if n is not None and n > 0 else None  # -1 / -2 / 0: as much as the context allows
+
+
+class _Timing:
+    """Ollama reports durations in nanoseconds: total, prompt evaluation (to the first token), generation."""
+
+    def __init__(self) -> None:
+        self.start_ns = time.monotonic_ns()
+        self.first_ns = self.start_ns
+
+    def final(self, gen: Generation, reason: FinishReason | None) -> dict[str, Any]:
+        end = time.monotonic_ns()
+        return {"done": True, "done_reason": "length" if reason == FinishReason.LENGTH else "stop",
+                "total_duration": end - self.start_ns, "load_duration": 0,
+                "prompt_eval_count": len(gen.prompt_ids), "prompt_eval_duration": self.first_ns - self.start_ns,
+                "eval_count": gen.num_output_tokens, "eval_duration": end - self.first_ns}
+
+
+async def generate_reply(request: Request[Any, Any, Any], data: ChatRequest | GenerateRequest,
+                         prompt_ids: list[int], route: Any, ctx: Any, chat: bool) -> Response[Any]:
+    """Run one generation and answer as NDJSON lines (stream) or one JSON object."""
+    timing = _Timing()
+    gateway = gateway_of(request)
+    params = sampling_params(data.options, default_max_tokens(gateway, route, prompt_ids,
+                                                              requested_max_tokens(data.options)))
+    gen = Generation(request, route, prompt_ids, params, ctx, "chat" if chat else "completion")
+    await gen.open()
+    timing.first_ns = time.monotonic_ns()
+
+    def line(text: str) -> dict[str, Any]:
+        body = {"model": data.model, "created_at": now_iso()}
+        if chat:
+            return {**body, "message": {"role": "assistant", "content": text}}
+        return {**body, "response": text}
+
+    if not data.stream:
+        text, reason = await gen.collect()
+        return Response({**line(text), **timing.final(gen, reason)})
+
+    async def lines() -> AsyncIterator[bytes]:
+        async with aclosing(gen.deltas()) as deltas:
+            async for delta in deltas:
+                if delta.error:
+                    yield ndjson_line({"error": delta.error})
+                    return
+                if delta.text:
+                    yield ndjson_line({**line(delta.text), "done": False})
+                if delta.finished:
+                    yield ndjson_line({**line(""), **timing.final(gen, delta.finish_reason)})
+
+    return ndjson_stream(lines())
+
+
+def loaded(model: str, chat: bool) -> dict[str, Any]:
+    """What Ollama answers to a request without a prompt: the model is loaded (ours always are)."""
+    body: dict[str, Any] = {"model": model, "created_at": now_iso(), "done": True, "done_reason": "load"}
+    return {**body, "message": {"role": "assistant", "content": ""}} if chat else {**body, "response": ""}
+
+
+class OllamaController(Controller):
+    path = "/api"
+    tags = ["ollama"]
+
+    @post("/chat", status_code=200, summary="Chat (NDJSON lines unless stream is false)")
+    async def chat(self, request: Request[Any, Any, Any], data: ChatRequest) -> Response[Any]:
+        ctx = await request_context(request)
+        gateway = gateway_of(request)
+        route = route_request(gateway, data.model, ctx, "llm")
+        if not data.messages:
+            return Response(loaded(data.model, chat=True))
+        if any(m.images for m in data.messages):
+            raise BadRequest(f"model {route.model!r} does not take images")
+        roles = {"tool": "user"}
+        messages = [{"role": roles.get(m.role, m.role), "content": m.content} for m in data.messages]
+        prompt_ids = await chat_prompt_ids(gateway, route.model, messages)
+        return await generate_reply(request, data, prompt_ids, route, ctx, chat=True)
+
+    @post("/generate", status_code=200, summary="Completion of a prompt (NDJSON lines unless stream is false)")
+    async def generate(self, request: Request[Any, Any, Any], data: GenerateRequest) -> Response[Any]:
+        ctx = await request_context(request)
+        gateway = gateway_of(request)
+        route = route_request(gateway, data.model, ctx, "llm")
+        if not data.prompt and not data.context:
+            return Response(loaded(data.model, chat=False))
+        if data.images:
+            raise BadRequest(f"model {route.model!r} does not take images")
+        if data.raw:
+            prompt_ids = await text_prompt_ids(gateway, route.model, data.prompt)
+        else:
+            messages = [{"role": "system", "content": data.system}] if data.system else []
+            prompt_ids = await chat_prompt_ids(gateway, route.model, [*messages, {"role": "user",
+                                                                                    "content": data.prompt}])
+        if data.context:
+            check_token_ids(data.context, len(gateway.llm(route.model).tokenizer), "context")
+            prompt_ids = [*data.context, *prompt_ids]
+        return await generate_reply(request, data, prompt_ids, route, ctx, chat=False)
+
+    @post("/embed", status_code=200, summary="Embeddings of one or more texts")
+    async def embed(self, request: Request[Any, Any, Any], data: EmbedRequest) -> dict[str, Any]:
+        started_ns = time.monotonic_ns()
+        inputs = [data.input] if isinstance(data.input, str) else list(data.input)
+        if not inputs:
+            raise BadRequest("input is empty")
+        ctx = await request_context(request)
+        gateway = gateway_of(request)
+        route = route_request(gateway, data.model, ctx, "embedding")
+        if data.dimensions is not None and data.dimensions != gateway.embedders[route.model].dim:
+            raise BadRequest(f"model {route.model!r} gives {gateway.embedders[route.model].dim} dimensions")
+        result = await run_embedding(request, route, inputs, ctx)
+        return {"model": data.model, "embeddings": result.vectors.tolist(), "load_duration": 0,
+                "total_duration": time.monotonic_ns() - started_ns, "prompt_eval_count": result.num_tokens}
+
+    @post("/embeddings", status_code=200, summary="Embedding of one text (legacy endpoint)")
+    async def embeddings(self, request: Request[Any, Any, Any], data: EmbeddingsRequest) -> dict[str, Any]:
+        ctx = await request_context(request)
+        route = route_request(gateway_of(request), data.model, ctx, "embedding")
+        if not data.prompt:
+            return {"embedding": []}
+        result = await run_embedding(request, route, [data.prompt], ctx)
+        return {"embedding": result.vectors[0].tolist()}
+
+    @get("/tags", summary="Models that can be used")
+    async def list_tags(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return {"models": model_tags(gateway_of(request))}
+
+    @get("/ps", summary="Models loaded now (all served models stay loaded)")
+    async def ps(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return {"models": model_ps(gateway_of(request))}
+
+    @get("/version", summary="The Ollama API version we follow")
+    async def version(self) -> dict[str, str]:
+        return {"version": OLLAMA_API_VERSION}
+
+    @post("/show", status_code=200, summary="A model's details, template and capabilities")
+    async def show(self, request: Request[Any, Any, Any], data: ModelRequest) -> dict[str, Any]:
+        return model_show(gateway_of(request), data.model_name)
+
+    @post("/pull", status_code=200, summary="Fetch a model from the model repository (progress as NDJSON)")
+    async def pull(self, request: Request[Any, Any, Any], data: ModelRequest) -> Response[Any]:
+        gateway = gateway_of(request)
+        model_details(gateway, data.model_name)  # 404 before any line is sent
+        if not data.stream:
+            async for line in pull_lines(gateway, data.model_name):
+                if "error" in line:
+                    raise ApiError(line["error"], status_code=500, code="pull_failed")
+            return Response({"status": "success"})
+        return ndjson_stream(ndjson_line(line) async for line in pull_lines(gateway, data.model_name))
+
+
+@get("/", include_in_schema=False, media_type="text/plain")
+async def ollama_root() -> str:
+    """Ollama answers its root with this sentence, and some clients probe for it."""
+    return "Ollama is running"
+

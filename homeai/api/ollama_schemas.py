@@ -1,0 +1,101 @@
+"""Ollama request bodies as msgspec Structs (responses are built as plain dicts, as Ollama sends them).
+
+Like Ollama, unknown fields and options are accepted and ignored, so Home Assistant, Open WebUI and
+the ``ollama`` package can send whatever their version sends. ``format``, ``think``, ``keep_alive``,
+``num_ctx`` and ``tools`` are accepted and have no effect: the models stay loaded, the context is the
+served one, and answers are plain text.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+from homeai.api.openai_schemas import MinP, RepetitionPenalty, Seed, Temperature, TopK, TopP
+
+KeepAlive = str | int | float | None
+
+
+class Options(Struct, kw_only=True):
+    """Model options (Ollama's ``options``): the sampling subset we honour."""
+
+    num_predict: Annotated[int, Meta(ge=-2, le=1_000_000)] | None = None  # -1: no limit, -2: fill the context
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    seed: Seed | None = None
+    stop: Annotated[list[str], Meta(max_length=16)] | None = None
+    num_ctx: Annotated[int, Meta(ge=1)] | None = None
+    repeat_penalty: RepetitionPenalty | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+
+
+class OllamaMessage(Struct, kw_only=True):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+
+
+class ChatRequest(Struct, kw_only=True):
+    model: str
+    messages: list[OllamaMessage] = []
+    stream: bool = True
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+    tools: list[dict[str, Any]] | None = None
+    format: Any = None
+    think: bool | str | None = None
+
+
+class GenerateRequest(Struct, kw_only=True):
+    model: str
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    stream: bool = True
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+    context: list[int] | None = None  # token ids of an earlier answer to continue from
+    images: list[str] | None = None
+    suffix: str | None = None
+    template: str | None = None
+    format: Any = None
+    think: bool | str | None = None
+
+
+class EmbedRequest(Struct, kw_only=True):
+    model: str
+    input: str | Annotated[list[str], Meta(max_length=2048)] = ""
+    truncate: bool = True
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+    dimensions: Annotated[int, Meta(ge=1)] | None = None
+
+
+class EmbeddingsRequest(Struct, kw_only=True):
+    """The legacy single-text endpoint /api/embeddings."""
+
+    model: str
+    prompt: str = ""
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+
+
+class ModelRequest(Struct, kw_only=True):
+    """/api/show and /api/pull name the model as ``model`` (older clients: ``name``)."""
+
+    model: str | None = None
+    name: str | None = None
+    stream: bool = True
+    insecure: bool = False
+    verbose: bool = False
+
+    @property
+    def model_name(self) -> str | None:
+        return self.model or self.name

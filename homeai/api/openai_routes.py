@@ -1,0 +1,239 @@
+"""OpenAI-compatible routes: chat and text completions, embeddings, models.
+
+A household app changes only its base URL to ``http://<server>:8000/v1``. Streaming follows OpenAI's
+SSE format (``chat.completion.chunk`` objects, an optional final usage chunk, ``data: [DONE]``).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+
+from homeai.api.errors import BadRequest, NotFound
+from homeai.api.openai_schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatMessage,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    EmbeddingData,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from homeai.api.serving import (
+    Generation,
+    chat_prompt_ids,
+    check_token_ids,
+    default_max_tokens,
+    gateway_of,
+    request_context,
+    route_request,
+    run_embedding,
+    text_prompt_ids,
+)
+from homeai.api.streaming import SSE_DONE, sse_data, sse_stream
+from homeai.engine.gateway import Gateway, Route
+from homeai.engine.types import FinishReason, SamplingParams
+
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def content_text(content: Any, field: str) -> str:
+    """Message content as text: a string, or the text parts of a list (other parts are refused)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for i, part in enumerate(content):
+        if part.type not in ("text", "input_text", "output_text") or part.text is None:
+            raise BadRequest(f"only text content is supported, got {part.type!r}", param=f"{field}[{i}]")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Chat-template messages; developer means system, tool results are shown to the model as user text."""
+    roles = {"developer": "system", "tool": "user", "function": "user"}
+    return [{"role": roles.get(m.role, m.role), "content": content_text(m.content, f"messages[{i}].content")}
+            for i, m in enumerate(messages)]
+
+
+def sampling_params(data: Any, max_tokens: int) -> SamplingParams:
+    """OpenAI defaults (temperature 1, top_p 1) for whatever the request leaves out."""
+    stop = [data.stop] if isinstance(data.stop, str) else list(data.stop or [])
+    return SamplingParams(
+        temperature=1.0 if data.temperature is None else data.temperature,
+        top_p=1.0 if data.top_p is None else data.top_p, top_k=data.top_k or 0, min_p=data.min_p or 0.0,
+        presence_penalty=data.presence_penalty or 0.0, frequency_penalty=data.frequency_penalty or 0.0,
+        repetition_penalty=data.repetition_penalty or 1.0, seed=data.seed, max_tokens=max_tokens,
+        stop=[s for s in stop if s], ignore_eos=data.ignore_eos)
+
+
+def finish_reason(reason: FinishReason | None) -> str:
+    return "length" if reason == FinishReason.LENGTH else "stop"
+
+
+def usage(gen: Generation) -> Usage:
+    n_in, n_out = len(gen.prompt_ids), gen.num_output_tokens
+    return Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out)
+
+
+async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_tokens: int | None,
+                prompt: Any) -> Generation:
+    """Route, tokenize, queue; returns once the first token is out (or raises the HTTP error)."""
+    if data.n != 1:
+        raise BadRequest("only n=1 is supported", param="n")
+    ctx = await request_context(request, data.user)
+    gateway = gateway_of(request)
+    route = route_request(gateway, data.model, ctx, "llm")
+    prompt_ids = await prompt(gateway, route)
+    params = sampling_params(data, default_max_tokens(gateway, route, prompt_ids, max_tokens))
+    gen = Generation(request, route, prompt_ids, params, ctx, kind)
+    await gen.open()
+    return gen
+
+
+async def stream_chunks(gen: Generation, obj: str, include_usage: bool, prefix: str = "") -> AsyncIterator[bytes]:
+    """SSE for chat (``delta``) or text completions (``text``); closing it aborts the request."""
+    created, rid = int(time.time()), ("chatcmpl-" if obj.startswith("chat") else "cmpl-") + gen.request_id
+    is_chat = obj.startswith("chat")
+
+    def chunk(choice: dict[str, Any] | None, **extra: Any) -> bytes:
+        body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": gen.route.model,
+                                "choices": [choice] if choice is not None else [], **extra}
+        if include_usage and "usage" not in extra:
+            body["usage"] = None
+        return sse_data(body)
+
+    def piece(text: str, reason: str | None, first: bool = False) -> dict[str, Any]:
+        if is_chat:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+
+    if is_chat or prefix:
+        yield chunk(piece(prefix, None, first=True))
+    async with aclosing(gen.deltas()) as deltas:
+        async for delta in deltas:
+            if delta.error:
+                yield sse_data({"error": {"message": delta.error, "type": "server_error", "param": None,
+                                          "code": "engine_error"}})
+                return
+            if delta.text:
+                yield chunk(piece(delta.text, None))
+            if delta.finished:
+                yield chunk(piece("", finish_reason(delta.finish_reason)))
+    if include_usage:
+        yield chunk(None, usage=usage(gen))
+    yield SSE_DONE
+
+
+class OpenAIController(Controller):
+    """/v1: what the ``openai`` package and OpenAI-speaking apps call."""
+
+    path = "/v1"
+    tags = ["openai"]
+
+    @post("/chat/completions", status_code=200, summary="Chat completion (SSE when stream is true)")
+    async def chat_completions(self, request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[Any]:
+        messages = message_dicts(data.messages)
+
+        async def prompt(gateway: Gateway, route: Route) -> list[int]:
+            return await chat_prompt_ids(gateway, route.model, messages)
+
+        gen = await start(request, data, "chat", data.max_completion_tokens or data.max_tokens, prompt)
+        if data.stream:
+            include = bool(data.stream_options and data.stream_options.include_usage)
+            return sse_stream(stream_chunks(gen, "chat.completion.chunk", include))
+        text, reason = await gen.collect()
+        choice = ChatChoice(0, AssistantMessage(text), finish_reason(reason))
+        return Response(ChatCompletion("chatcmpl-" + gen.request_id, int(time.time()), gen.route.model,
+                                       [choice], usage(gen)))
+
+    @post("/completions", status_code=200, summary="Text completion (SSE when stream is true)")
+    async def completions(self, request: Request[Any, Any, Any], data: CompletionRequest) -> Response[Any]:
+        async def prompt(gateway: Gateway, route: Route) -> list[int]:
+            raw = data.prompt
+            if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
+                raw = raw[0]  # one prompt in a list
+            if isinstance(raw, str):
+                return await text_prompt_ids(gateway, route.model, raw)
+            if raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+                check_token_ids(raw, len(gateway.llm(route.model).tokenizer), "prompt")
+                return list(raw)
+            raise BadRequest("prompt must be a string or a list of token ids (one prompt: n=1)", param="prompt")
+
+        gen = await start(request, data, "completion", data.max_tokens, prompt)
+        echo = data.prompt if data.echo and isinstance(data.prompt, str) else ""
+        if data.stream:
+            include = bool(data.stream_options and data.stream_options.include_usage)
+            return sse_stream(stream_chunks(gen, "text_completion", include, prefix=echo))
+        text, reason = await gen.collect()
+        choice = CompletionChoice(0, echo + text, finish_reason(reason))
+        return Response(Completion("cmpl-" + gen.request_id, int(time.time()), gen.route.model, [choice],
+                                   usage(gen)))
+
+    @post("/embeddings", status_code=200, summary="Embeddings of strings or token arrays")
+    async def embeddings(self, request: Request[Any, Any, Any], data: EmbeddingRequest) -> EmbeddingList:
+        inputs = embedding_inputs(data.input)
+        ctx = await request_context(request, data.user)
+        gateway = gateway_of(request)
+        route = route_request(gateway, data.model, ctx, "embedding")
+        dim = gateway.embedders[route.model].dim
+        if data.dimensions is not None and data.dimensions != dim:
+            raise BadRequest(f"model {route.model!r} gives {dim} dimensions", param="dimensions")
+        result = await run_embedding(request, route, inputs, ctx)
+        vectors = result.vectors.astype("<f4")
+        items = [EmbeddingData(i, base64.b64encode(v.tobytes()).decode() if data.encoding_format == "base64"
+                               else v.tolist()) for i, v in enumerate(vectors)]
+        return EmbeddingList(items, route.model, EmbeddingUsage(result.num_tokens, result.num_tokens))
+
+    @get("/models", summary="Served models and the policy's model aliases")
+    async def models(self, request: Request[Any, Any, Any]) -> ModelList:
+        return ModelList(model_cards(gateway_of(request)))
+
+    @get("/models/{model_id:str}", summary="One served model or alias")
+    async def model(self, request: Request[Any, Any, Any], model_id: str) -> ModelCard:
+        card = next((c for c in model_cards(gateway_of(request)) if c.id == model_id), None)
+        if card is None:
+            raise NotFound(f"model {model_id!r} not found", param="model", code="model_not_found")
+        return card
+
+
+def model_cards(gateway: Gateway) -> list[ModelCard]:
+    created = int(gateway.started_s)
+    names = [*gateway.served_models(), *sorted(gateway.policy.aliases)]
+    return [ModelCard(name, created) for name in dict.fromkeys(names)]
+
+
+def embedding_inputs(raw: Any) -> list[str] | list[list[int]]:
+    """A string, strings, token ids, or lists of token ids (OpenAI's four input forms)."""
+    def is_ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(raw, str):
+        return [raw]
+    if not raw:
+        raise BadRequest("input is empty", param="input")
+    if len(raw) > MAX_EMBEDDING_INPUTS:
+        raise BadRequest(f"at most {MAX_EMBEDDING_INPUTS} inputs per request", param="input")
+    if all(isinstance(x, str) for x in raw):
+        return list(raw)
+    if is_ids(raw):
+        return [list(raw)]
+    if all(is_ids(x) for x in raw):
+        return [list(x) for x in raw]
+    raise BadRequest("input must be a string, a list of strings, token ids or lists of token ids", param="input")

@@ -1,0 +1,267 @@
+"""What the OpenAI and Ollama routes share: who is asking, which class serves them, and one request's
+life in the engine with its metrics.
+
+Class: header X-HomeAI-Class > the API key's default class > a model alias in the policy > the user's
+default class > the endpoint's default (``Gateway.route`` applies the last three). User: the API key's;
+without keys (loopback), header X-HomeAI-User, else the OpenAI ``user`` field, else "anonymous".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request
+
+from homeai.api.errors import ApiError, BadRequest, ClientGone, ServiceUnavailable, to_api_error
+from homeai.api.streaming import until_disconnect
+from homeai.engine.embed_service import EmbedResult, QueueTimeoutError
+from homeai.engine.gateway import Gateway, Route
+from homeai.engine.types import FinishReason, SamplingParams, TokenDelta
+from homeai.scheduling.class_queue import QueueFullError
+
+log = logging.getLogger(__name__)
+
+HEADER_CLASS, HEADER_USER = "x-homeai-class", "x-homeai-user"
+HEADER_PRIORITY, HEADER_TIMEOUT_MS = "x-homeai-priority", "x-homeai-timeout-ms"
+ANONYMOUS = "anonymous"
+
+if importlib.util.find_spec("homeai.api.auth") is not None:  # a broken auth module must fail loudly
+    from homeai.api.auth import resolve_caller as _resolve_caller
+else:  # pragma: no cover - until API keys exist: everyone on loopback is anonymous
+    _resolve_caller = None
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Who asks and how: the user, an explicit class (None: alias/user/endpoint default decide)."""
+
+    user: str
+    class_name: str | None
+    priority_level: int | None
+    timeout_us: int | None
+
+
+def _int_header(request: Request[Any, Any, Any], name: str) -> int | None:
+    value = request.headers.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(f"header {name} must be an integer, got {value!r}", param=name) from None
+
+
+async def request_context(request: Request[Any, Any, Any], body_user: str | None = None) -> RequestContext:
+    caller_user, key_class = ANONYMOUS, None
+    if _resolve_caller is not None:
+        caller = await _resolve_caller(request)
+        caller_user, key_class = caller.user, caller.default_class
+    user = caller_user
+    if user == ANONYMOUS:
+        user = request.headers.get(HEADER_USER) or body_user or ANONYMOUS
+    timeout_ms = _int_header(request, HEADER_TIMEOUT_MS)
+    return RequestContext(user=user, class_name=request.headers.get(HEADER_CLASS) or key_class,
+                          priority_level=_int_header(request, HEADER_PRIORITY),
+                          timeout_us=timeout_ms * 1000 if timeout_ms and timeout_ms > 0 else None)
+
+
+def gateway_of(request: Request[Any, Any, Any]) -> Gateway:
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is None:
+        raise ServiceUnavailable("the engine is still starting", headers={"Retry-After": "5"})
+    return gateway
+
+
+class _SafeMetrics:
+    """Calls the metrics recorder, if there is one, and never lets a metrics bug fail a request."""
+
+    def __init__(self, recorder: Any) -> None:
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._recorder, name, None)
+
+        def call(*args: Any) -> None:
+            if method is None:
+                return
+            try:
+                method(*args)
+            except Exception:
+                log.exception("metrics %s failed", name)
+
+        return call
+
+
+def metrics_of(request: Request[Any, Any, Any]) -> Any:
+    return _SafeMetrics(getattr(request.app.state, "metrics", None))
+
+
+def normalize_model(model: str | None) -> str | None:
+    """Ollama clients send ``name:latest``; we serve one version of each model."""
+    if model and model.endswith(":latest"):
+        return model[: -len(":latest")]
+    return model or None
+
+
+def route_request(gateway: Gateway, model: str | None, ctx: RequestContext, kind: str) -> Route:
+    """Pick the class and model; a served model of the other kind (an LLM on /embeddings) is a 400."""
+    model = normalize_model(model)
+    if model in gateway.llms and kind != "llm":
+        raise BadRequest(f"model {model!r} is an LLM, not an embedding model", param="model")
+    if model in gateway.embedders and kind != "embedding":
+        raise BadRequest(f"model {model!r} is an embedding model, not an LLM", param="model")
+    return gateway.route(model, ctx.class_name, kind, ctx.user)
+
+
+def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise BadRequest(f"token id {bad} in {field} is outside the vocabulary [0, {vocab_size})", param=field)
+
+
+class Generation:
+    """One LLM request in the engine: submitted by ``open`` (whose first delta decides the HTTP status),
+    then read by ``deltas`` or ``collect``. Leaving early aborts it; metrics see every outcome once."""
+
+    def __init__(self, request: Request[Any, Any, Any], route: Route, prompt_ids: list[int],
+                 params: SamplingParams, ctx: RequestContext, kind: str) -> None:
+        self.request = request
+        self.gateway = gateway_of(request)
+        self.metrics = metrics_of(request)
+        self.route, self.prompt_ids, self.params, self.ctx, self.kind = route, prompt_ids, params, ctx, kind
+        self.request_id = uuid.uuid4().hex
+        self.num_output_tokens = 0
+        self._first: TokenDelta | None = None
+        self._iterator: AsyncIterator[TokenDelta] | None = None
+        self._finished = False
+
+    async def open(self) -> TokenDelta:
+        """Queue the request and wait for its first delta; raises ApiError (400/429/503/499...)."""
+        route, ctx = self.route, self.ctx
+        self.metrics.request_started(self.request_id, self.kind, route.class_name, ctx.user, route.model,
+                                     len(self.prompt_ids))
+        self._iterator = self.gateway.generate(route, self.prompt_ids, self.params, ctx.user, self.request_id,
+                                               ctx.priority_level, ctx.timeout_us)
+        try:
+            first = await until_disconnect(self.request, anext(self._iterator))
+        except BaseException as exc:
+            await self._iterator.aclose()
+            self._finish(_status_of(exc))
+            if isinstance(exc, QueueFullError):
+                self.metrics.rejected(route.class_name, "queue_full")
+            raise to_api_error(exc) if isinstance(exc, Exception) else exc from None
+        if first.error is not None:
+            timeout = "timeout" in first.error
+            self._finish("timeout" if timeout else "error")
+            if timeout:
+                self.metrics.rejected(route.class_name, "timeout")
+                raise ServiceUnavailable(f"{first.error} in class {route.class_name!r}", code="queue_timeout",
+                                         headers={"Retry-After": "1"})
+            raise ApiError(first.error, status_code=500, code="engine_error")
+        self.metrics.first_token(self.request_id)
+        self._count(first)
+        self._first = first
+        return first
+
+    async def deltas(self) -> AsyncIterator[TokenDelta]:
+        """The first delta, then the rest; closing this generator early aborts the request."""
+        assert self._first is not None and self._iterator is not None, "open() first"
+        status = "aborted"
+        try:
+            async with aclosing(self._iterator) as rest:
+                delta = self._first
+                yield delta
+                while not delta.finished:
+                    delta = await anext(rest)
+                    self._count(delta)
+                    yield delta
+                status = "error" if delta.error else "aborted" if delta.finish_reason == FinishReason.ABORT else "ok"
+        finally:
+            self._finish(status)
+
+    async def collect(self) -> tuple[str, FinishReason | None]:
+        """Non-streaming: the whole text and finish reason; a disconnect meanwhile aborts the request."""
+        async def read() -> tuple[str, FinishReason | None, str | None]:
+            parts: list[str] = []
+            last: TokenDelta | None = None
+            async with aclosing(self.deltas()) as stream:
+                async for last in stream:
+                    parts.append(last.text)
+            return "".join(parts), last.finish_reason if last else None, last.error if last else None
+
+        text, finish_reason, error = await until_disconnect(self.request, read())
+        if error is not None:
+            raise ApiError(error, status_code=500, code="engine_error")
+        return text, finish_reason
+
+    def _count(self, delta: TokenDelta) -> None:
+        n = len(delta.token_ids)
+        if n:
+            self.num_output_tokens += n
+            self.metrics.tokens(self.request_id, n)
+
+    def _finish(self, status: str) -> None:
+        if not self._finished:
+            self._finished = True
+            self.metrics.finished(self.request_id, status, self.num_output_tokens)
+
+
+def _status_of(exc: BaseException) -> str:
+    if isinstance(exc, QueueFullError):
+        return "rejected"
+    if isinstance(exc, (ClientGone, asyncio.CancelledError)):
+        return "aborted"
+    return "error"
+
+
+async def run_embedding(request: Request[Any, Any, Any], route: Route, inputs: list[str] | list[list[int]],
+                        ctx: RequestContext) -> EmbedResult:
+    """Tokenize off the event loop, queue every input in the class, wait for the vectors."""
+    gateway, metrics = gateway_of(request), metrics_of(request)
+    embedder = gateway.embedders[route.model]
+    if inputs and isinstance(inputs[0], str):
+        rows = await asyncio.to_thread(embedder.tokenize, list(inputs))  # type: ignore[arg-type]
+    else:
+        rows = [list(r) for r in inputs]  # type: ignore[arg-type]
+        for i, row in enumerate(rows):
+            check_token_ids(row, len(embedder.tokenizer), f"input[{i}]")
+    request_id = uuid.uuid4().hex
+    metrics.request_started(request_id, "embedding", route.class_name, ctx.user, route.model,
+                            sum(len(r) for r in rows))
+    try:
+        result = await until_disconnect(request, gateway.embed(route, rows, ctx.user, ctx.priority_level,
+                                                               ctx.timeout_us))
+    except BaseException as exc:
+        status = "timeout" if isinstance(exc, QueueTimeoutError) else _status_of(exc)
+        metrics.finished(request_id, status, 0)
+        if status in ("rejected", "timeout"):
+            metrics.rejected(route.class_name, "queue_full" if status == "rejected" else "timeout")
+        raise to_api_error(exc) if isinstance(exc, Exception) else exc from None
+    metrics.finished(request_id, "ok", 0)
+    return result
+
+
+async def chat_prompt_ids(gateway: Gateway, model: str, messages: list[dict[str, Any]]) -> list[int]:
+    """The model's own chat template, applied off the event loop (long prompts take milliseconds)."""
+    try:
+        return await asyncio.to_thread(gateway.chat_prompt, model, messages)
+    except Exception as exc:  # the template refused these messages (say, roles out of order)
+        raise BadRequest(f"cannot apply the chat template: {exc}", param="messages") from exc
+
+
+async def text_prompt_ids(gateway: Gateway, model: str, text: str) -> list[int]:
+    return await asyncio.to_thread(gateway.encode, model, text)
+
+
+def default_max_tokens(gateway: Gateway, route: Route, prompt_ids: list[int], requested: int | None) -> int:
+    """An unset limit means "until the context is full" (the class's max_output_tokens still caps it)."""
+    if requested is not None:
+        return requested
+    return max(1, gateway.llm(route.model).max_model_len - len(prompt_ids))

@@ -1,0 +1,83 @@
+"""Server settings: where the data lives and how the server listens.
+
+The data directory holds what a household's server keeps between restarts: the policy file it runs
+(copied from the repository's ``policies/default.yaml`` on first start, then edited in place and
+hot-reloaded) and the SQLite database. Models stay in the model cache (HOMEAI_CACHE_DIR), which is
+shared by every data directory.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_DIR_ENV = "HOMEAI_DATA_DIR"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
+POLICY_FILE_NAME = "policy.yaml"
+
+
+def default_data_dir() -> Path:
+    """HOMEAI_DATA_DIR, else the platform's per-user data directory (XDG on Linux)."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local")) / "homeai"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "homeai"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "homeai"
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (keys are optional there)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(slots=True)
+class Settings:
+    """Everything ``create_app`` needs; built from the command line and the environment."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = field(default_factory=default_data_dir)
+    policy_path: Path | None = None  # None: <data_dir>/policy.yaml (copied from the repo on first start)
+    kv_cache_mb: int = 256
+    max_body_bytes: int = 10 * 2**20  # larger request bodies get 413
+    policy_poll_s: float = 1.0  # how often the policy file's mtime is checked for a hot reload
+    device: str | None = None
+    cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
+
+    @property
+    def database_path(self) -> Path:
+        """The SQLite file of the store (users, keys, request log, policy versions)."""
+        return self.data_dir / "homeai.db"
+
+    @property
+    def requires_keys(self) -> bool:
+        """API keys are required whenever the server is reachable from other machines."""
+        return not is_loopback(self.host)
+
+    def resolved_policy_path(self) -> Path:
+        return self.policy_path if self.policy_path is not None else self.data_dir / POLICY_FILE_NAME
+
+    def prepare_data_dir(self) -> Path:
+        """Create the data directory and, on first start, copy the default policy into it.
+
+        Returns the policy path to load. An explicit ``policy_path`` is used as it is (never copied),
+        so a test or an admin can point the server at any file.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.resolved_policy_path()
+        if self.policy_path is None and not path.exists():
+            shutil.copyfile(DEFAULT_POLICY, path)
+        return path

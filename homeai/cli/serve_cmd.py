@@ -1,0 +1,53 @@
+"""`homeai serve`: the gateway under uvicorn, on 127.0.0.1:8000 unless told otherwise.
+
+One worker process on purpose: the process owns the accelerator, and every request must go through
+its one batcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from homeai.api.settings import DATA_DIR_ENV, Settings, default_data_dir
+
+
+def add_serve_command(subparsers: Any) -> None:
+    """Register ``serve``; it sets ``func(args) -> int`` (the exit status)."""
+    parser = subparsers.add_parser("serve", help="run the HTTP server (OpenAI- and Ollama-compatible)")
+    parser.add_argument("--host", default=os.environ.get("HOMEAI_HOST", "127.0.0.1"),
+                        help="address to bind (API keys are required beyond loopback); default 127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("HOMEAI_PORT", "8000")),
+                        help="port; default 8000")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help=f"where the policy and the database live (env {DATA_DIR_ENV}; "
+                             "default: the user data directory)")
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="policy file to run (default: policy.yaml in the data dir, "
+                             "copied from policies/default.yaml on first start)")
+    parser.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache size of the LLM; default 256")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from homeai.api.app import create_app
+    from homeai.policy.loader import PolicyError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings(host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(),
+                        policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device)
+    try:
+        app = create_app(settings)
+    except PolicyError as exc:
+        print(f"error: {exc}")
+        return 1
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level, workers=1,
+                timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,123 @@
+"""Bad input and overload against a real server: the right status, the error shape of the API family,
+and a client that leaves takes its KV blocks back with it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.api.conftest import engine_state, wait_engine_idle
+
+pytestmark = pytest.mark.slow
+LLM = "smollm2-135m-instruct"
+QUESTION = [{"role": "user", "content": "Tell me a very long story about a lighthouse keeper."}]
+ENDLESS = {"model": LLM, "messages": QUESTION, "max_tokens": 1000, "ignore_eos": True}  # ~2 min on a CPU
+
+
+def openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error  # type: ignore[no-any-return]
+
+
+def test_malformed_json_and_wrong_types_name_the_problem(http: httpx.Client) -> None:
+    headers = {"content-type": "application/json"}
+    error = openai_error(http.post("/v1/chat/completions", content=b'{"model": "chat", "messages": [', headers=headers),
+                         400)
+    assert "malformed JSON" in error["message"]
+    error = openai_error(http.post("/v1/chat/completions", json={"model": "chat", "messages": [
+        {"role": "user", "content": 5}]}), 400)
+    assert error["param"] == "messages[0].content" and "messages[0].content" in error["message"]
+    error = openai_error(http.post("/v1/chat/completions", json={"model": "chat"}), 400)
+    assert error["param"] == "messages"
+    error = openai_error(http.post("/v1/chat/completions", json={"model": "chat", "messages": QUESTION,
+                                                                 "temperature": 9}), 400)
+    assert error["param"] == "temperature"
+    error = openai_error(http.post("/v1/chat/completions", json={"model": "chat", "messages": QUESTION, "n": 2}), 400)
+    assert error["param"] == "n"
+    ollama = http.post("/api/chat", json={"model": 5, "messages": []})
+    assert ollama.status_code == 400 and "model" in ollama.json()["error"]  # Ollama's {"error": "..."}
+
+
+def test_prompt_longer_than_the_context(http: httpx.Client) -> None:
+    long = [{"role": "user", "content": "hello " * 2100}]
+    error = openai_error(http.post("/v1/chat/completions", json={"model": LLM, "messages": long}), 400)
+    assert "tokens" in error["message"] and "2048" in error["message"]
+    ollama = http.post("/api/generate", json={"model": LLM, "prompt": "hello " * 2100})
+    assert ollama.status_code == 400 and "2048" in ollama.json()["error"]
+
+
+def test_unknown_model_and_route(http: httpx.Client) -> None:
+    error = openai_error(http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": QUESTION}), 404)
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    openai_error(http.get("/v1/nowhere"), 404)
+
+
+def test_body_too_large(http: httpx.Client) -> None:
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "' + b"a" * (11 * 2**20) + b'"}]}'
+    response = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    openai_error(response, 413)
+
+
+def _wait_for(http: httpx.Client, predicate: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate(engine_state(http)):
+        assert time.monotonic() < deadline, f"timed out waiting; engine: {engine_state(http)}"
+        time.sleep(0.05)
+
+
+def test_full_queue_429_and_queue_timeout_503(http: httpx.Client) -> None:
+    """Class "solo" runs one sequence and queues one: the third request is refused at once (429); the
+    queued one times out after 1.5 s (503). Both say when to retry."""
+    solo = {"X-HomeAI-Class": "solo"}
+    queued: dict[str, httpx.Response] = {}
+    with http.stream("POST", "/v1/chat/completions", json={**ENDLESS, "stream": True}, headers=solo) as running:
+        assert running.status_code == 200
+        lines = running.iter_lines()  # keep it: a dropped line iterator closes the connection
+        next(lines)  # the first token is out: it runs
+        waiter = threading.Thread(target=lambda: queued.update(r=http.post(
+            "/v1/chat/completions", json={"model": LLM, "messages": QUESTION, "max_tokens": 2}, headers=solo)))
+        waiter.start()
+        _wait_for(http, lambda state: state[1]["solo"]["queued"] == 1)
+        rejected = http.post("/v1/chat/completions", json={"model": LLM, "messages": QUESTION, "max_tokens": 2},
+                             headers=solo)
+        error = openai_error(rejected, 429)
+        assert error["code"] == "queue_full" and int(rejected.headers["retry-after"]) >= 1
+        ollama = http.post("/api/chat", json={"model": LLM, "messages": QUESTION}, headers=solo)
+        assert ollama.status_code == 429 and "full" in ollama.json()["error"] and "retry-after" in ollama.headers
+        waiter.join(timeout=30)
+        assert next(lines) is not None  # still streaming
+    error = openai_error(queued["r"], 503)
+    assert error["code"] == "queue_timeout" and int(queued["r"].headers["retry-after"]) >= 1
+    wait_engine_idle(http)
+
+
+def test_streaming_disconnect_aborts_and_frees_kv(http: httpx.Client) -> None:
+    """Leave a long stream after a few tokens: within seconds nothing runs and every KV block is free
+    (finishing would take minutes). Meanwhile the server keeps answering: the loop never waits on the device."""
+    wait_engine_idle(http)
+    long = {"X-HomeAI-Class": "long"}
+    with http.stream("POST", "/v1/chat/completions", json={**ENDLESS, "stream": True}, headers=long) as response:
+        lines = response.iter_lines()
+        for _ in range(4):
+            next(lines)
+        kv, classes = engine_state(http)
+        assert kv > 0 and classes["long"]["running"] == 1
+        started = time.monotonic()
+        assert http.get("/api/version").status_code == 200 and time.monotonic() - started < 1.0
+    assert wait_engine_idle(http) < 5.0
+
+
+def test_non_streaming_disconnect_aborts_and_frees_kv(http: httpx.Client, server_url: str) -> None:
+    wait_engine_idle(http)
+    with httpx.Client(base_url=server_url, timeout=httpx.Timeout(30, read=2.0)) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            impatient.post("/v1/chat/completions", json=ENDLESS, headers={"X-HomeAI-Class": "long"})
+    assert wait_engine_idle(http) < 5.0
+    requests = http.get("/v1/stats").json()["classes"]["long"].get("requests", {})
+    assert requests.get("aborted", 0) >= 1

@@ -1,0 +1,100 @@
+"""The official `openai` package against a real server: only the base URL changes."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+pytestmark = pytest.mark.slow
+LLM, EMBEDDING = "smollm2-135m-instruct", "all-minilm-l6-v2"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_list_and_retrieve(client: OpenAI) -> None:
+    ids = {m.id for m in client.models.list()}
+    assert {LLM, EMBEDDING, "voice", "chat"} <= ids
+    assert client.models.retrieve(LLM).id == LLM
+
+
+def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
+    whole = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0, max_tokens=8, user="ann")
+    choice = whole.choices[0]
+    assert "Paris" in choice.message.content and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens <= 8 and whole.usage.prompt_tokens > 5
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+    chunks = list(client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0, max_tokens=8,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content  # greedy: the same answer either way
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_sampling_options_and_stop(client: OpenAI) -> None:
+    seeded = [client.chat.completions.create(model="chat", messages=QUESTION, temperature=1.0, top_p=0.9,
+                                             seed=7, max_completion_tokens=6).choices[0].message.content
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]  # a seed makes sampling repeatable
+    stopped = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0, stop=[" Paris"])
+    assert "Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop"
+
+
+def test_completions(client: OpenAI) -> None:
+    done = client.completions.create(model=LLM, prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert done.choices[0].text.strip() and done.usage.completion_tokens <= 4
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=LLM, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
+    assert streamed == done.choices[0].text
+
+
+def test_responses(client: OpenAI) -> None:
+    whole = client.responses.create(model="chat", input="What is the capital of France?", temperature=0,
+                                    instructions="Answer briefly.", max_output_tokens=8)
+    assert whole.output_text and whole.status in ("completed", "incomplete")
+    assert whole.usage.output_tokens <= 8
+
+    events = list(client.responses.create(model="chat", input=[{"role": "user", "content": "What is the capital "
+                                                                "of France?"}], instructions="Answer briefly.",
+                                          temperature=0, max_output_tokens=8, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text == whole.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_embeddings_float_base64_and_tokens(client: OpenAI) -> None:
+    texts = ["a cosy living room", "the kitchen lights"]
+    as_float = client.embeddings.create(model=EMBEDDING, input=texts, encoding_format="float")
+    as_b64 = client.embeddings.create(model=EMBEDDING, input=texts)  # the client asks for base64 itself
+    a = np.array([d.embedding for d in as_float.data])
+    b = np.array([d.embedding for d in as_b64.data])
+    assert a.shape == (2, 384) and np.allclose(a, b, atol=1e-6)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-4)
+    assert as_float.usage.prompt_tokens > 4
+    one = client.embeddings.create(model=EMBEDDING, input=[101, 7592, 2088, 102], encoding_format="float")
+    assert len(one.data) == 1 and len(one.data[0].embedding) == 384
+
+
+def test_users_and_classes_are_attributed(client: OpenAI, http: httpx.Client) -> None:
+    """Model alias "voice" -> class voice; header X-HomeAI-Class -> class chat; user from field or header."""
+    client.chat.completions.create(model="voice", messages=QUESTION, max_tokens=2, user="alice")
+    client.with_options(default_headers={"X-HomeAI-Class": "chat", "X-HomeAI-User": "bob"}).chat.completions.create(
+        model="voice", messages=QUESTION, max_tokens=2)
+    stats = http.get("/v1/stats").json()
+    assert stats["users"]["alice"]["generated_tokens"] >= 1 and stats["users"]["bob"]["generated_tokens"] >= 1
+    metrics = http.get("/metrics").text
+    assert 'user="alice"' in metrics and 'user="bob"' in metrics
+    generated = [line for line in metrics.splitlines() if line.startswith("homeai_generation_tokens_total")]
+    assert any('user="alice"' in line and '="voice"' in line for line in generated)
+    assert any('user="bob"' in line and '="chat"' in line for line in generated)
