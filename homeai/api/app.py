@@ -21,7 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from homeai.api.errors import exception_handler
-from homeai.api.ollama_routes import OllamaController, ollama_root
+from homeai.api.ollama_routes import OllamaController, ollama_root, ollama_root_head
 from homeai.api.openai_routes import OpenAIController
 from homeai.api.responses_routes import ResponsesController
 from homeai.api.settings import Settings
@@ -114,7 +114,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     if remember is not None:
         remember(holder, text)
     recorder_cls = _optional("homeai.metrics.recorder", "MetricsRecorder")
-    handlers: list[Any] = [OpenAIController, ResponsesController, OllamaController, ollama_root]
+    handlers: list[Any] = [OpenAIController, ResponsesController, OllamaController, ollama_root, ollama_root_head]
     for module, name in (("homeai.api.admin_routes", "admin_router"),
                          ("homeai.api.observability_routes", "observability_router")):
         router = _optional(module, name)

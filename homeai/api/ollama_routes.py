@@ -13,7 +13,7 @@ from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, get, head, post
 
 from homeai.api.errors import ApiError, BadRequest
 from homeai.api.model_info import model_details, model_ps, model_show, model_tags, pull_lines
@@ -212,4 +212,9 @@ class OllamaController(Controller):
 async def ollama_root() -> str:
     """Ollama answers its root with this sentence, and some clients probe for it."""
     return "Ollama is running"
+
+
+@head("/", include_in_schema=False)
+async def ollama_root_head() -> None:
+    """Ollama's clients probe the server with HEAD / before anything else."""
 
