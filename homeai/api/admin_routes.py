@@ -1,0 +1,151 @@
+"""Admin endpoints: the running policy as YAML, changed atomically, with a history to roll back to.
+
+    GET  /admin/policy                     the YAML text of the running policy
+    PUT  /admin/policy                     YAML body -> validated, swapped, stored; answers the diff
+    GET  /admin/policy/history             applied versions, newest first (?limit=N)
+    GET  /admin/policy/history/{version}   one version with its text
+    POST /admin/policy/rollback            {"version": N}, or no body for the previous version
+
+Every route needs an admin caller (``require_admin``). Uses ``app.state.policy_holder``,
+``app.state.store`` and, if set, ``app.state.policy_path``: an applied policy is also written there so
+that a restart (and the file watcher) keeps it. An invalid policy answers 422 with every error's
+key path; nothing changes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from litestar import Request, Response, Router, get, post, put
+from litestar.params import FromPath, Parameter
+
+from homeai.api.auth import require_admin, resolve_caller
+from homeai.api.policy_apply import Applied, apply_policy_text, record_running_policy, running_text
+from homeai.policy.loader import PolicyError
+from homeai.policy.store import PolicyHolder
+from homeai.store.db import Store
+
+YAML_MEDIA_TYPE = "application/yaml"
+
+
+def error_response(status_code: int, message: str, errors: list[dict[str, str]] | None = None) -> Response[Any]:
+    body: dict[str, Any] = {"message": message, "type": "invalid_request_error" if status_code < 500 else
+                            "server_error"}
+    if errors is not None:
+        body["errors"] = errors
+    return Response({"error": body}, status_code=status_code)
+
+
+def policy_error_response(e: PolicyError) -> Response[Any]:
+    n = len(e.errors)
+    message = f"invalid policy ({n} error{'s' if n != 1 else ''}); the running policy is unchanged"
+    return error_response(422, message, [{"path": path, "message": msg} for path, msg in e.errors])
+
+
+def _holder(request: Request[Any, Any, Any]) -> PolicyHolder:
+    return request.app.state.policy_holder  # type: ignore[no-any-return]
+
+
+def _store(request: Request[Any, Any, Any]) -> Store | None:
+    return request.app.state.get("store")  # type: ignore[no-any-return]
+
+
+def _persist_path(request: Request[Any, Any, Any]) -> Path | None:
+    path = request.app.state.get("policy_path")
+    return Path(path) if path is not None else None
+
+
+def _applied_body(applied: Applied, holder: PolicyHolder) -> dict[str, Any]:
+    return {"changed": applied.changed, "diff": applied.diff, "version": applied.stored_version,
+            "swap_version": applied.swap_version, "warning": applied.warning, "written_to": applied.written_to,
+            "policy": {"classes": sorted(holder.current.classes), "users": sorted(holder.current.users)}}
+
+
+@get("/policy", media_type=YAML_MEDIA_TYPE, summary="The running policy (YAML)")
+async def get_policy(request: Request[Any, Any, Any]) -> Response[str]:
+    return Response(running_text(_holder(request)), media_type=YAML_MEDIA_TYPE)
+
+
+@put("/policy", summary="Validate and apply a policy (YAML body)", status_code=200)
+async def put_policy(request: Request[Any, Any, Any]) -> Response[Any]:
+    try:
+        text = (await request.body()).decode("utf-8")
+    except UnicodeDecodeError:
+        return error_response(400, "the policy must be UTF-8 YAML text")
+    caller = await resolve_caller(request)
+    holder = _holder(request)
+    try:
+        applied = await apply_policy_text(holder, _store(request), text, caller.user, note="PUT /admin/policy",
+                                          source="PUT /admin/policy", persist_to=_persist_path(request))
+    except PolicyError as e:
+        return policy_error_response(e)
+    return Response(_applied_body(applied, holder))
+
+
+@get("/policy/history", summary="Applied policy versions, newest first")
+async def policy_history(
+    request: Request[Any, Any, Any], limit: Annotated[int, Parameter(ge=1, le=1000)] = 50,
+) -> Response[Any]:
+    store = _store(request)
+    if store is None:
+        return error_response(503, "no store: the policy history is unavailable")
+    holder = _holder(request)
+    await record_running_policy(holder, store)
+    versions = await store.policy_versions.history(limit)
+    current_text = running_text(holder)
+    current = next((v.version for v in versions if v.yaml_text == current_text), None)
+    return Response({"current": current, "versions": [v.summary() for v in versions]})
+
+
+@get("/policy/history/{version:int}", summary="One applied policy version with its YAML")
+async def policy_version(request: Request[Any, Any, Any], version: FromPath[int]) -> Response[Any]:
+    store = _store(request)
+    if store is None:
+        return error_response(503, "no store: the policy history is unavailable")
+    found = await store.policy_versions.get(version)
+    if found is None:
+        return error_response(404, f"no policy version {version}")
+    return Response({**found.summary(), "yaml": found.yaml_text})
+
+
+@post("/policy/rollback", summary="Re-apply a stored version (default: the previous one)", status_code=200)
+async def rollback_policy(request: Request[Any, Any, Any]) -> Response[Any]:
+    store = _store(request)
+    if store is None:
+        return error_response(503, "no store: nothing to roll back to")
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError):
+        return error_response(400, "the body must be JSON: {\"version\": N}")
+    version = body.get("version") if isinstance(body, dict) else None
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        return error_response(400, "version must be an integer")
+    holder = _holder(request)
+    if version is None:
+        await record_running_policy(holder, store)
+        history = await store.policy_versions.history(limit=2)
+        if len(history) < 2:
+            return error_response(409, "there is no previous policy version")
+        version = history[1].version
+    target = await store.policy_versions.get(version)
+    if target is None:
+        return error_response(404, f"no policy version {version}")
+    caller = await resolve_caller(request)
+    try:
+        applied = await apply_policy_text(holder, store, target.yaml_text, caller.user,
+                                          note=f"rollback to {version}", source=f"policy version {version}",
+                                          persist_to=_persist_path(request))
+    except PolicyError as e:  # stored under an older schema that no longer validates
+        return policy_error_response(e)
+    return Response({**_applied_body(applied, holder), "rolled_back_to": version})
+
+
+admin_router = Router(
+    path="/admin",
+    route_handlers=[get_policy, put_policy, policy_history, policy_version, rollback_policy],
+    guards=[require_admin],
+    tags=["admin"],
+)

@@ -1,0 +1,86 @@
+"""Who is calling: an API key gives the user, a default class and the admin flag.
+
+Keys are required once any key exists, or whenever the server listens on a non-loopback address
+(``app.state.settings.requires_keys``, or ``app.state.bind_host``). Without keys on loopback every
+caller is ``anonymous`` and an admin: a single-machine household needs no setup. A key comes as
+``Authorization: Bearer KEY`` (what the openai and ollama clients send) or ``X-API-Key: KEY``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException, PermissionDeniedException, ServiceUnavailableException
+from litestar.handlers.base import BaseRouteHandler
+
+from homeai.api.settings import is_loopback
+from homeai.store.keys import KeyStoreUnavailable
+
+ANONYMOUS = "anonymous"
+_CALLER_STATE_KEY = "homeai_caller"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated caller. ``user`` is ``anonymous`` when no key was needed nor given."""
+
+    user: str
+    default_class: str | None
+    is_admin: bool
+
+    @property
+    def is_anonymous(self) -> bool:
+        return self.user == ANONYMOUS
+
+
+def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """The key in ``Authorization: Bearer ...`` or ``X-API-Key``, if any."""
+    header = connection.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    value = connection.headers.get("x-api-key", "").strip()
+    return value or None
+
+
+def keys_required_by_bind(state: Any) -> bool:
+    """Whether the server listens beyond loopback (keys mandatory even before any exists)."""
+    settings = state.get("settings")
+    if settings is not None and hasattr(settings, "requires_keys"):
+        return bool(settings.requires_keys)
+    host = state.get("bind_host")
+    return host is not None and not is_loopback(str(host))
+
+
+async def resolve_caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
+    """Authenticate the request (401 when a key is needed and missing or wrong; 503 if the keys
+    cannot be read). The result is kept on the request, so calling it twice costs nothing."""
+    cached = connection.state.get(_CALLER_STATE_KEY)
+    if isinstance(cached, Caller):
+        return cached
+    state = connection.app.state
+    store = state.get("store")
+    key = presented_key(connection)
+    try:
+        info = await store.keys.verify(key) if store is not None and key else None
+        required = keys_required_by_bind(state) or (store is not None and await store.keys.has_active())
+    except KeyStoreUnavailable as e:
+        raise ServiceUnavailableException("API keys are unavailable (the store cannot be read)") from e
+    if info is not None:
+        caller = Caller(info.user, info.default_class, info.is_admin)
+    elif required:
+        detail = "invalid API key" if key else "an API key is required (Authorization: Bearer KEY)"
+        raise NotAuthorizedException(detail, headers={"WWW-Authenticate": "Bearer"})
+    else:
+        caller = Caller(ANONYMOUS, None, True)
+    connection.state[_CALLER_STATE_KEY] = caller
+    return caller
+
+
+async def require_admin(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    """Litestar guard: an admin key (or no keys at all on loopback), else 401/403."""
+    caller = await resolve_caller(connection)
+    if not caller.is_admin:
+        raise PermissionDeniedException(f"user {caller.user!r} is not an admin")

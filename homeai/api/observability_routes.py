@@ -1,0 +1,123 @@
+"""Observability: Prometheus metrics, the live stats the TUI draws, health and readiness.
+
+    GET /metrics           Prometheus text (the recorder's series + engine gauges read now)
+    GET /v1/stats          one JSON snapshot (shape in homeai.metrics.stats)
+    GET /v1/stats/stream   the same as server-sent events (event "stats"), about twice a second
+                           (``?count=N``: stop after N events)
+    GET /healthz           the process answers: always {"status": "ok"}
+    GET /readyz            200 "ready" once the gateway runs ("degraded" if the store does not answer),
+                           503 "starting" before
+
+Uses ``app.state.metrics`` (a MetricsRecorder), ``app.state.gateway`` (``snapshot()``, ``started_s``),
+``app.state.policy_holder`` and ``app.state.store`` when present; ``app.state.stats_interval_s``
+overrides the stream period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from litestar import Request, Response, Router, get
+from litestar.datastructures import State
+from litestar.params import Parameter
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from homeai.metrics.recorder import MetricsRecorder
+from homeai.metrics.stats import build_stats
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATS_INTERVAL_S = 0.5
+
+
+def _snapshot(state: State) -> dict[str, Any] | None:
+    gateway = state.get("gateway")
+    if gateway is None:
+        return None
+    try:
+        return gateway.snapshot()  # type: ignore[no-any-return]
+    except Exception:  # a half-started gateway must not take /metrics down with it
+        log.exception("gateway snapshot failed")
+        return None
+
+
+def _recorder(state: State) -> MetricsRecorder:
+    recorder = state.get("metrics")
+    if recorder is None:  # an app without a recorder still answers (empty series)
+        recorder = state["metrics"] = MetricsRecorder()
+    return recorder  # type: ignore[no-any-return]
+
+
+def stats_document(state: State) -> dict[str, Any]:
+    holder = state.get("policy_holder")
+    return build_stats(_recorder(state), _snapshot(state), holder.current if holder is not None else None)
+
+
+@get("/metrics", media_type=CONTENT_TYPE_LATEST, summary="Prometheus metrics", include_in_schema=False)
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    state = request.app.state
+    return Response(_recorder(state).prometheus_text(_snapshot(state)), media_type=CONTENT_TYPE_LATEST)
+
+
+@get("/v1/stats", summary="Live per-class, per-user and device statistics")
+async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    return stats_document(request.app.state)
+
+
+async def _stats_events(state: State, interval_s: float, count: int | None = None,
+                        ) -> AsyncIterator[ServerSentEventMessage]:
+    sent = 0
+    while count is None or sent < count:
+        if sent:
+            await asyncio.sleep(interval_s)
+        yield ServerSentEventMessage(data=json.dumps(stats_document(state)), event="stats")
+        sent += 1
+
+
+@get("/v1/stats/stream", summary="Live statistics as server-sent events")
+async def stats_stream(
+    request: Request[Any, Any, Any], count: Annotated[int | None, Parameter(ge=1, le=100_000)] = None,
+) -> ServerSentEvent:
+    """Events until the client goes away, or ``count`` of them (``curl .../v1/stats/stream?count=1``)."""
+    state = request.app.state
+    interval_s = float(state.get("stats_interval_s", DEFAULT_STATS_INTERVAL_S))
+    return ServerSentEvent(_stats_events(state, interval_s, count), headers={"Cache-Control": "no-store"})
+
+
+@get("/healthz", summary="Liveness")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def gateway_started(gateway: Any) -> bool:
+    """Started and not shut down (a Gateway sets ``started_s`` on start and drops ``loop`` on shutdown)."""
+    if gateway is None or not getattr(gateway, "started_s", 0):
+        return False
+    return not (hasattr(gateway, "loop") and gateway.loop is None)
+
+
+@get("/readyz", summary="Readiness")
+async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    state = request.app.state
+    gateway = state.get("gateway")
+    if not gateway_started(gateway):
+        return Response({"status": "starting"}, status_code=503)
+    store = state.get("store")
+    store_state = "absent" if store is None else ("ok" if await store.ping() else "unavailable")
+    body: dict[str, Any] = {"status": "degraded" if store_state == "unavailable" else "ready", "store": store_state}
+    served = getattr(gateway, "served_models", None)
+    if callable(served):
+        body["models"] = served()
+    return Response(body, status_code=200)
+
+
+observability_router = Router(
+    path="/",
+    route_handlers=[metrics, stats, stats_stream, healthz, readyz],
+    tags=["observability"],
+)

@@ -1,0 +1,245 @@
+"""Admin, auth, observability routes and the policy watcher, on a tiny app around the routers.
+
+A real Store on tmp SQLite, a real PolicyHolder, a fake gateway with ``snapshot()``: no model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.testing import AsyncTestClient
+
+from homeai.api.admin_routes import admin_router
+from homeai.api.observability_routes import _stats_events, observability_router
+from homeai.api.policy_apply import running_text
+from homeai.api.policy_watcher import check_policy_file, start_policy_watcher
+from homeai.metrics.recorder import MetricsRecorder
+from homeai.policy.loader import load_policy
+from homeai.policy.store import PolicyHolder
+from homeai.store.db import Store
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "default.yaml"
+DEFAULT_TEXT = DEFAULT_POLICY.read_text(encoding="utf-8")
+
+
+@dataclass
+class FakeGateway:
+    started_s: float = 1.0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"classes": {"chat": {"queued": 2, "running": 1, "depth_by_level": {1: 2},
+                                     "fairness": {"alice": 40.0, "bob": 10.0}}},
+                "device": {"smollm2": {"kv_usage": 0.125, "kv_blocks": 64, "steps": 9, "preemptions": 0,
+                                       "last_batch_tokens": 12, "last_batch_seqs": 3}}}
+
+    def served_models(self) -> list[str]:
+        return ["smollm2"]
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(DEFAULT_TEXT, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def holder(policy_file: Path) -> PolicyHolder:
+    return PolicyHolder(load_policy(policy_file), source=str(policy_file))
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = Store.in_dir(tmp_path / "data")
+    await s.init()
+    yield s
+    await s.close()
+
+
+def make_app(holder: PolicyHolder, store: Store, **state: Any) -> Litestar:
+    values = {"policy_holder": holder, "store": store, "gateway": FakeGateway(),
+              "metrics": MetricsRecorder(), "stats_interval_s": 0.01, **state}
+    return Litestar(route_handlers=[admin_router, observability_router], state=State(values))
+
+
+@pytest.fixture
+async def client(holder: PolicyHolder, store: Store) -> AsyncIterator[AsyncTestClient[Litestar]]:
+    async with AsyncTestClient(app=make_app(holder, store)) as c:
+        yield c
+
+
+def with_change(old: str, new: str) -> str:
+    assert old in DEFAULT_TEXT
+    return DEFAULT_TEXT.replace(old, new, 1)
+
+
+CHAT_BATCH_32 = with_change("    max_batch_size: 16\n", "    max_batch_size: 32\n")
+VOICE_QUEUE_BAD = with_change("      max_queue_size: 16 ", "      max_queue_size: -1 ")
+
+
+async def test_get_policy_is_the_file_text(client: AsyncTestClient[Litestar]) -> None:
+    r = await client.get("/admin/policy")
+    assert r.status_code == 200 and r.text == DEFAULT_TEXT
+    assert r.headers["content-type"].startswith("application/yaml")
+
+
+async def test_invalid_policy_is_422_with_key_path_and_nothing_changes(
+        client: AsyncTestClient[Litestar], holder: PolicyHolder, store: Store) -> None:
+    before = holder.current
+    r = await client.put("/admin/policy", content=VOICE_QUEUE_BAD)
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert "invalid policy" in error["message"]
+    paths = [e["path"] for e in error["errors"]]
+    assert "classes.voice.default_queue_policy.max_queue_size" in paths
+    assert holder.current is before and holder.version == 1
+    assert (await client.get("/admin/policy")).text == DEFAULT_TEXT
+    assert await store.policy_versions.count() == 0
+    r = await client.put("/admin/policy", content=b"classes: [unclosed")
+    assert r.status_code == 422 and "YAML" in r.json()["error"]["errors"][0]["message"]
+
+
+async def test_put_applies_records_and_rolls_back(client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
+    r = await client.put("/admin/policy", content=CHAT_BATCH_32)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["changed"] and body["diff"] == ["classes.chat.max_batch_size: 16 -> 32"]
+    assert holder.current.classes["chat"].max_batch_size == 32 and holder.version == 2
+    assert (await client.get("/admin/policy")).text == CHAT_BATCH_32
+    history = (await client.get("/admin/policy/history")).json()
+    assert [v["version"] for v in history["versions"]] == [2, 1] and history["current"] == 2
+    assert history["versions"][0]["applied_by"] == "anonymous"
+    assert history["versions"][1]["applied_by"] == "system"  # the running policy before the change
+    one = (await client.get("/admin/policy/history/1")).json()
+    assert one["yaml"] == DEFAULT_TEXT
+    # the same text again changes nothing
+    again = (await client.put("/admin/policy", content=CHAT_BATCH_32)).json()
+    assert not again["changed"] and holder.version == 2
+    # rollback without a body: the previous version
+    r = await client.post("/admin/policy/rollback")
+    assert r.status_code == 200, r.text
+    assert r.json()["rolled_back_to"] == 1 and r.json()["diff"] == ["classes.chat.max_batch_size: 32 -> 16"]
+    assert holder.current.classes["chat"].max_batch_size == 16
+    assert (await client.get("/admin/policy")).text == DEFAULT_TEXT
+    # rollback to a named version
+    r = await client.post("/admin/policy/rollback", json={"version": 2})
+    assert r.status_code == 200 and holder.current.classes["chat"].max_batch_size == 32
+    history = (await client.get("/admin/policy/history", params={"limit": 10})).json()
+    assert [v["version"] for v in history["versions"]] == [4, 3, 2, 1]
+    assert history["versions"][0]["note"] == "rollback to 2"
+
+
+async def test_rollback_errors(client: AsyncTestClient[Litestar]) -> None:
+    assert (await client.post("/admin/policy/rollback")).status_code == 409  # only the startup version
+    assert (await client.post("/admin/policy/rollback", json={"version": 99})).status_code == 404
+    assert (await client.post("/admin/policy/rollback", json={"version": "x"})).status_code == 400
+    assert (await client.post("/admin/policy/rollback", content=b"{nope")).status_code == 400
+    assert (await client.get("/admin/policy/history/99")).status_code == 404
+
+
+async def test_admin_needs_an_admin_key_once_keys_exist(client: AsyncTestClient[Litestar], store: Store,
+                                                        holder: PolicyHolder) -> None:
+    admin_key, _ = await store.keys.create("dad", is_admin=True)
+    user_key, _ = await store.keys.create("kid-tablet", user="kids", default_class="voice")
+    assert (await client.get("/admin/policy")).status_code == 401
+    assert (await client.get("/admin/policy", headers={"Authorization": "Bearer hai_wrong"})).status_code == 401
+    r = await client.put("/admin/policy", content=CHAT_BATCH_32, headers={"Authorization": f"Bearer {user_key}"})
+    assert r.status_code == 403 and holder.version == 1
+    r = await client.put("/admin/policy", content=CHAT_BATCH_32, headers={"X-API-Key": admin_key})
+    assert r.status_code == 200 and holder.version == 2
+    history = (await client.get("/admin/policy/history", headers={"Authorization": f"Bearer {admin_key}"})).json()
+    assert history["versions"][0]["applied_by"] == "dad"
+    await store.keys.revoke("dad")
+    await store.keys.revoke("kid-tablet")
+    assert (await client.get("/admin/policy")).status_code == 200  # no keys left: open again on loopback
+
+
+async def test_non_loopback_bind_requires_a_key(holder: PolicyHolder, store: Store) -> None:
+    async with AsyncTestClient(app=make_app(holder, store, bind_host="0.0.0.0")) as c:
+        assert (await c.get("/admin/policy")).status_code == 401
+        assert (await c.get("/healthz")).status_code == 200  # health stays open
+        key, _ = await store.keys.create("admin", is_admin=True)
+        assert (await c.get("/admin/policy", headers={"Authorization": f"Bearer {key}"})).status_code == 200
+
+
+async def test_applied_policy_is_written_to_policy_path(holder: PolicyHolder, store: Store,
+                                                        policy_file: Path) -> None:
+    async with AsyncTestClient(app=make_app(holder, store, policy_path=policy_file)) as c:
+        r = await c.put("/admin/policy", content=CHAT_BATCH_32)
+        assert r.json()["written_to"] == str(policy_file)
+    assert policy_file.read_text(encoding="utf-8") == CHAT_BATCH_32
+    assert await check_policy_file(holder, policy_file, store) is None  # the watcher sees nothing new
+
+
+async def test_metrics_stats_health(client: AsyncTestClient[Litestar], store: Store) -> None:
+    recorder: MetricsRecorder = client.app.state.metrics
+    recorder.request_started("r1", "llm", "chat", "alice", "smollm2", 5)
+    recorder.tokens("r1", 1)
+    recorder.finished("r1", "ok", 1)
+    recorder.rejected("voice", "queue_full")
+    text = (await client.get("/metrics")).text
+    assert 'homeai_requests_total{class_name="chat",status="ok"} 1.0' in text
+    assert 'homeai_waiting{class_name="chat"} 2.0' in text
+    assert 'homeai_kv_cache_usage_ratio{model="smollm2"} 0.125' in text
+    stats = (await client.get("/v1/stats")).json()
+    assert stats["classes"]["chat"]["queued"] == 2 and stats["classes"]["chat"]["running"] == 1
+    assert stats["classes"]["voice"]["rejections"] == {"queue_full": 1}
+    assert stats["classes"]["voice"]["targets"] == {"ttft_ms": 300.0, "itl_ms": 100.0}
+    assert stats["users"]["alice"]["fairness"] == {"chat": 40.0}
+    assert stats["device"]["smollm2"]["kv_usage"] == 0.125
+    assert stats["recent"][0]["request_id"] == "r1"
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    await store.close()
+    assert (await client.get("/readyz")).json()["status"] == "degraded"
+
+
+async def test_readyz_before_start(holder: PolicyHolder, store: Store) -> None:
+    async with AsyncTestClient(app=make_app(holder, store, gateway=FakeGateway(started_s=0.0))) as c:
+        r = await c.get("/readyz")
+        assert r.status_code == 503 and r.json()["status"] == "starting"
+
+
+async def test_stats_stream_events(client: AsyncTestClient[Litestar]) -> None:
+    events = _stats_events(client.app.state, 0.01)
+    first, second = await anext(events), await anext(events)
+    await events.aclose()
+    assert first.event == "stats" and "classes" in json.loads(str(second.data))
+    r = await client.get("/v1/stats/stream", params={"count": 3})  # the test transport reads to the end
+    assert r.headers["content-type"].startswith("text/event-stream")
+    data = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert len(data) == 3 and all("classes" in d for d in data)
+    assert r.text.count("event: stats") == 3
+
+
+async def test_watcher_refuses_invalid_then_applies_valid(holder: PolicyHolder, store: Store,
+                                                          policy_file: Path) -> None:
+    task = start_policy_watcher(holder, policy_file, store, interval_s=0.02)
+    try:
+        await asyncio.sleep(0.05)
+        policy_file.write_text(VOICE_QUEUE_BAD, encoding="utf-8")
+        await asyncio.sleep(0.15)
+        assert holder.version == 1 and running_text(holder) == DEFAULT_TEXT
+        policy_file.write_text(CHAT_BATCH_32, encoding="utf-8")
+        for _ in range(100):
+            if holder.version == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert holder.current.classes["chat"].max_batch_size == 32
+        assert running_text(holder) == CHAT_BATCH_32
+        versions = await store.policy_versions.history()
+        assert [v.applied_by for v in versions] == ["file", "system"]
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
