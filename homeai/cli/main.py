@@ -8,6 +8,7 @@ import argparse
 
 from homeai.cli.bench_cmds import add_bench_commands
 from homeai.cli.chat_cmd import add_chat_command
+from homeai.cli.keys_cmds import add_keys_commands
 from homeai.cli.policy_cmds import add_policy_commands
 from homeai.cli.repository_cmds import add_repository_commands
 from homeai.cli.serve_cmd import add_serve_command
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     add_policy_commands(subparsers)
     add_chat_command(subparsers)
     add_serve_command(subparsers)
+    add_keys_commands(subparsers)
     add_bench_commands(subparsers)
     args = parser.parse_args(argv)
     return int(args.func(args))
