@@ -36,6 +36,10 @@ class _Live:
     model: str
     num_prompt_tokens: int
     started_s: float
+    itl_hist: Any  # resolved once per request: tokens() runs per delta
+    gen_counter: Any
+    itl_window: LatencyWindow
+    user_rate: RateWindow
     first_token_s: float | None = None
     last_token_s: float | None = None
     num_output_tokens: int = 0  # counted through tokens()
@@ -85,7 +89,11 @@ class MetricsRecorder:
     def request_started(self, request_id: str, kind: str, class_name: str, user: str, model: str,
                         num_prompt_tokens: int) -> None:
         now = self.clock()
-        self._live[request_id] = _Live(kind, class_name, user, model, num_prompt_tokens, now)
+        series = self.series
+        self._live[request_id] = _Live(
+            kind, class_name, user, model, num_prompt_tokens, now,
+            series.child(series.itl, class_name), series.child(series.generation_tokens, user, class_name),
+            self._window(self._itl, class_name, self._new_latency), self._window(self._user_gen, user, RateWindow))
         if num_prompt_tokens > 0:
             self.series.child(self.series.prompt_tokens, user, class_name).inc(num_prompt_tokens)
             self._window(self._user_prompt, user, RateWindow).add(now, num_prompt_tokens)
@@ -117,14 +125,13 @@ class MetricsRecorder:
         now = self.clock()
         if live.last_token_s is not None:
             gap_s = (now - live.last_token_s) / n
-            itl = self.series.child(self.series.itl, live.class_name)
             for _ in range(min(n, 64)):  # a huge delta is rare; cap the loop, the window keeps the weight
-                itl.observe(gap_s)
-            self._window(self._itl, live.class_name, self._new_latency).add(now, gap_s, n)
+                live.itl_hist.observe(gap_s)
+            live.itl_window.add(now, gap_s, n)
         live.last_token_s = now
         live.num_output_tokens += n
-        self.series.child(self.series.generation_tokens, live.user, live.class_name).inc(n)
-        self._window(self._user_gen, live.user, RateWindow).add(now, n)
+        live.gen_counter.inc(n)
+        live.user_rate.add(now, n)
 
     def finished(self, request_id: str, status: str, num_output_tokens: int) -> None:
         """The request is over (``status`` in STATUSES); output tokens not yet counted are added."""
@@ -134,8 +141,8 @@ class MetricsRecorder:
         now = self.clock()
         missing = num_output_tokens - live.num_output_tokens
         if missing > 0:
-            self.series.child(self.series.generation_tokens, live.user, live.class_name).inc(missing)
-            self._window(self._user_gen, live.user, RateWindow).add(now, missing)
+            live.gen_counter.inc(missing)
+            live.user_rate.add(now, missing)
         e2e_s = now - live.started_s
         self.series.child(self.series.e2e, live.class_name).observe(e2e_s)
         self.series.child(self.series.requests, live.class_name, status).inc()

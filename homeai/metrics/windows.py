@@ -1,8 +1,8 @@
 """Sliding windows on an injectable clock: latency samples (for p50/p99) and token rates.
 
-Both are append-only deques pruned from the left as time passes, so an update from the event loop is
-O(1) amortized and a query walks at most one window. A latency sample carries a weight: a delta that
-brings n tokens at once adds one sample of ``gap / n`` with weight n instead of n equal samples.
+Both are deques of time buckets pruned from the left as time passes, so an update from the event
+loop is O(1) amortized and a query walks at most one window. A latency sample carries a weight: a
+delta that brings n tokens at once adds one sample of ``gap / n`` with weight n.
 """
 
 from __future__ import annotations
@@ -12,47 +12,68 @@ from collections import deque
 
 
 class LatencyWindow:
-    """Weighted latency samples of the last ``window_s`` seconds (bounded to ``max_samples``)."""
+    """Latency samples of the last ``window_s`` seconds as counts per log-spaced bin, per second.
 
-    __slots__ = ("window_s", "_samples")
+    Values are binned with a ratio of ``1 + 2 * REL_ERROR`` (a reported percentile is within ±1 %
+    of the true sample), so an update is one log and a dict increment, and a query merges at most
+    ``window_s`` small dicts: cheap at any token rate, which a sorted list of raw samples is not.
+    """
 
-    def __init__(self, window_s: float = 60.0, max_samples: int = 20_000) -> None:
+    REL_ERROR = 0.01
+    _LOG_RATIO = math.log1p(2 * REL_ERROR)
+    _ZERO_BIN = -(10**9)  # gaps of (almost) nothing: tokens delivered together
+
+    __slots__ = ("window_s", "_seconds")
+
+    def __init__(self, window_s: float = 60.0) -> None:
         self.window_s = window_s
-        self._samples: deque[tuple[float, float, int]] = deque(maxlen=max_samples)  # (t, value_s, weight)
+        self._seconds: deque[tuple[int, dict[int, int]]] = deque()  # (whole second, {bin: weight})
 
     def add(self, now: float, value_s: float, weight: int = 1) -> None:
-        self._samples.append((now, value_s, weight))
-        self._prune(now)
+        second = math.floor(now)
+        seconds = self._seconds
+        if not seconds or seconds[-1][0] != second:
+            seconds.append((second, {}))
+            self._prune(now)
+        bins = seconds[-1][1]
+        b = self._ZERO_BIN if value_s <= 1e-9 else math.floor(math.log(value_s) / self._LOG_RATIO)
+        bins[b] = bins.get(b, 0) + weight
 
     def _prune(self, now: float) -> None:
-        horizon = now - self.window_s
-        samples = self._samples
-        while samples and samples[0][0] < horizon:
-            samples.popleft()
+        oldest = math.floor(now - self.window_s)
+        seconds = self._seconds
+        while seconds and seconds[0][0] < oldest:
+            seconds.popleft()
+
+    def _merged(self, now: float) -> dict[int, int]:
+        self._prune(now)
+        merged: dict[int, int] = {}
+        for _, bins in self._seconds:
+            for b, w in bins.items():
+                merged[b] = merged.get(b, 0) + w
+        return merged
 
     def count(self, now: float) -> int:
         """Weighted number of samples in the window."""
-        self._prune(now)
-        return sum(w for _, _, w in self._samples)
+        return sum(self._merged(now).values())
 
     def percentiles(self, now: float, qs: tuple[float, ...] = (0.5, 0.99)) -> list[float | None]:
-        """Weighted percentiles (nearest rank) of the window; None for an empty window."""
-        self._prune(now)
-        if not self._samples:
+        """Weighted percentiles (nearest rank, ±1 %) of the window; None for an empty window."""
+        merged = self._merged(now)
+        if not merged:
             return [None for _ in qs]
-        pairs = sorted((v, w) for _, v, w in self._samples)
-        total = sum(w for _, w in pairs)
+        pairs = sorted(merged.items())
+        total = sum(merged.values())
         out: list[float | None] = []
         for q in qs:
             rank = max(1.0, q * total)  # the smallest value whose cumulative weight reaches q of the total
-            acc = 0
-            value = pairs[-1][0]
-            for v, w in pairs:
+            acc, found = 0, pairs[-1][0]
+            for b, w in pairs:
                 acc += w
                 if acc >= rank - 1e-9:
-                    value = v
+                    found = b
                     break
-            out.append(value)
+            out.append(0.0 if found == self._ZERO_BIN else math.exp((found + 0.5) * self._LOG_RATIO))
         return out
 
 
