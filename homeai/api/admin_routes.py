@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from litestar import Request, Response, Router, get, post, put
-from litestar.params import FromPath, Parameter
+from litestar.params import Parameter
 
 from homeai.api.auth import require_admin, resolve_caller
 from homeai.api.policy_apply import Applied, apply_policy_text, record_running_policy, running_text
@@ -28,6 +28,7 @@ from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
 
 YAML_MEDIA_TYPE = "application/yaml"
+MAX_VERSION = 2**31 - 1  # larger numbers cannot be stored versions (and overflow SQLite's INTEGER)
 
 
 def error_response(status_code: int, message: str, errors: list[dict[str, str]] | None = None) -> Response[Any]:
@@ -100,7 +101,9 @@ async def policy_history(
 
 
 @get("/policy/history/{version:int}", summary="One applied policy version with its YAML")
-async def policy_version(request: Request[Any, Any, Any], version: FromPath[int]) -> Response[Any]:
+async def policy_version(
+    request: Request[Any, Any, Any], version: Annotated[int, Parameter(ge=1, le=MAX_VERSION)],
+) -> Response[Any]:
     store = _store(request)
     if store is None:
         return error_response(503, "no store: the policy history is unavailable")
@@ -121,8 +124,9 @@ async def rollback_policy(request: Request[Any, Any, Any]) -> Response[Any]:
     except (ValueError, UnicodeDecodeError):
         return error_response(400, "the body must be JSON: {\"version\": N}")
     version = body.get("version") if isinstance(body, dict) else None
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-        return error_response(400, "version must be an integer")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or not 1 <= version <= MAX_VERSION):
+        return error_response(400, f"version must be an integer from 1 to {MAX_VERSION}")
     holder = _holder(request)
     if version is None:
         await record_running_policy(holder, store)

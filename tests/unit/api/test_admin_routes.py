@@ -142,7 +142,9 @@ async def test_rollback_errors(client: AsyncTestClient[Litestar]) -> None:
     assert (await client.post("/admin/policy/rollback", json={"version": 99})).status_code == 404
     assert (await client.post("/admin/policy/rollback", json={"version": "x"})).status_code == 400
     assert (await client.post("/admin/policy/rollback", content=b"{nope")).status_code == 400
+    assert (await client.post("/admin/policy/rollback", json={"version": 10**30})).status_code == 400
     assert (await client.get("/admin/policy/history/99")).status_code == 404
+    assert (await client.get(f"/admin/policy/history/{10**30}")).status_code == 400
 
 
 async def test_admin_needs_an_admin_key_once_keys_exist(client: AsyncTestClient[Litestar], store: Store,
