@@ -12,6 +12,7 @@ from homeai.cli.keys_cmds import add_keys_commands
 from homeai.cli.policy_cmds import add_policy_commands
 from homeai.cli.repository_cmds import add_repository_commands
 from homeai.cli.serve_cmd import add_serve_command
+from homeai.cli.tui_cmd import add_tui_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_command(subparsers)
     add_keys_commands(subparsers)
     add_bench_commands(subparsers)
+    add_tui_command(subparsers)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

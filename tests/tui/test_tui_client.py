@@ -1,0 +1,247 @@
+"""The TUI's parts that need no model server: the SSE feed reconnecting, error bodies, key-path lines,
+the chart and history maths, and the rule that the TUI imports nothing from ``homeai``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from textual.widgets import Static, TextArea
+from tui_helpers import ReplayClient
+
+from tui.app import MonitorApp
+from tui.client import ApiError, GatewayClient, JobsUnavailable, SseParser
+from tui.history import StatsHistory
+from tui.screens.jobs import job_fields
+from tui.widgets import StatusLine, chart_rows
+from tui.yaml_paths import line_of
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tui_imports_nothing_from_homeai() -> None:
+    code = ("import sys, tui.app, tui.client\n"
+            "print([m for m in sys.modules if m == 'homeai' or m.startswith('homeai.')])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_sse_parser_joins_data_lines_and_names_events() -> None:
+    parser = SseParser()
+    lines = [": keep-alive", "event: stats", 'data: {"a":', "data: 1}", "", "data: x", ""]
+    events = [e for e in (parser.feed(line) for line in lines) if e is not None]
+    assert events == [("stats", '{"a":\n1}'), ("message", "x")]
+
+
+async def test_errors_keep_key_paths_and_jobs_404_is_unavailable() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/admin/policy":
+            return httpx.Response(422, json={"error": {"message": "invalid policy (1 error)", "errors": [
+                {"path": "classes.voice.priority", "message": "must be >= 0"}]}})
+        return httpx.Response(404, json={"status_code": 404, "detail": "Not Found"})
+
+    client = GatewayClient("http://x", key="k", transport=httpx.MockTransport(answer))
+    assert client.http.headers["authorization"] == "Bearer k"
+    with pytest.raises(ApiError) as failed:
+        await client.put_policy("classes: {}")
+    assert failed.value.status == 422 and failed.value.errors[0]["path"] == "classes.voice.priority"
+    with pytest.raises(JobsUnavailable):
+        await client.list_jobs()
+    assert await client.validate_policy("x: 1") is None  # no dry-run endpoint: never falls back to PUT
+    await client.aclose()
+
+
+def test_key_paths_land_on_their_lines() -> None:
+    text = "version: 1\nclasses:\n  voice:\n    priority: 0\n    targets: {ttft_ms: 300}\n  chat:\n    priority: 1\n"
+    assert line_of(text, "classes.voice.priority") == 4
+    assert line_of(text, "classes.chat.priority") == 7
+    assert line_of(text, "classes.voice.targets.ttft_ms") == 5  # inside a flow mapping: its parent
+    assert line_of(text, "classes.chat.model") == 6  # missing key: the class
+    assert line_of(text, "", "YAML syntax error: line 3, column 2: ...") == 3
+    assert line_of(text, "") is None
+
+
+def test_chart_marks_misses_and_history_buckets_by_server_time() -> None:
+    rows = chart_rows([100.0, None, 400.0], target=300.0, rows=4)
+    assert len(rows) == 4 and all(len(r) == 3 for r in rows)
+    assert rows[-1].plain[0] != " " and rows[0].plain[2] == "█"  # both drawn; 400 reaches the top
+    history = StatsHistory()
+    for t, p99 in ((1000.0, 50.0), (1160.0, 80.0), (1170.0, 60.0)):
+        history.add({"time": t, "classes": {"voice": {"ttft_p50_ms": 1.0, "ttft_p99_ms": p99}},
+                     "users": {"kids": {"tokens_per_s_10s": p99 / 10}}})
+    assert history.ttft_buckets("voice", 3, span_s=180.0) == [50.0, None, 80.0]
+    assert history.rate_buckets("kids", 3, span_s=180.0) == [5.0, 0.0, 8.0]
+    assert history.peak_rate() == 8.0
+
+
+def test_job_fields_read_either_shape() -> None:
+    flat = job_fields({"id": 1, "kind": "index", "path": "/docs", "state": "running", "done": 5, "total": 10})
+    nested = job_fields({"id": 2, "kind": "index", "args": {"path": "/docs"}, "status": "paused",
+                         "progress": {"done": 5, "total": 10, "rate": 2.5, "eta_s": 2}})
+    assert (flat["done"], flat["total"], flat["state"], flat["label"]) == (5, 10, "running", "index /docs")
+    assert (nested["rate"], nested["eta_s"], nested["state"]) == (2.5, 2, "paused")
+
+
+# ---- the stats feed: disconnected, then live when a server appears, then disconnected again ------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sse_server() -> Iterator[tuple[int, threading.Event, threading.Event]]:
+    """(port, start, stop): set ``start`` to serve /v1/stats/stream on ``port``, ``stop`` to go away."""
+    port, start, stop = _free_port(), threading.Event(), threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            while not stop.is_set():
+                doc = {"time": time.time(), "uptime_s": 1.0, "classes": {}, "users": {}, "device": {}}
+                self.wfile.write(f"event: stats\ndata: {json.dumps(doc)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.1)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    def serve() -> None:
+        start.wait()
+        with ThreadingHTTPServer(("127.0.0.1", port), Handler) as server:
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            stop.wait()
+            server.shutdown()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield port, start, stop
+    start.set()
+    stop.set()
+    thread.join(timeout=5)
+
+
+async def test_stats_feed_shows_disconnected_and_reconnects_by_itself(
+        sse_server: tuple[int, threading.Event, threading.Event]) -> None:
+    port, start, stop = sse_server
+    app = MonitorApp(GatewayClient(f"http://127.0.0.1:{port}"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        line = app.screen.query_one(StatusLine)
+
+        async def until(check: object, timeout_s: float = 15.0) -> None:
+            deadline = time.monotonic() + timeout_s
+            while not check():  # type: ignore[operator]
+                assert time.monotonic() < deadline, "timed out"
+                await pilot.pause(0.1)
+
+        await until(lambda: line.has_class("-down") and "disconnected" in str(Static.render(line)))
+        start.set()
+        await until(lambda: app.connection.connected and app.stats is not None)
+        assert "live" in str(line.render())
+        stop.set()
+        await until(lambda: not app.connection.connected)
+        assert "disconnected" in str(line.render())
+
+
+class FakeJobsApi:
+    """/v1/jobs as issue 5 describes it, in memory (the real one may not exist yet)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, object]] = {
+            "1": {"id": "1", "kind": "index", "path": "/home/docs", "state": "running",
+                  "progress": {"done": 40, "total": 100, "rate": 8.0, "eta_s": 7.5}}}
+        self.calls: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path, method = request.url.path, request.method
+        self.calls.append(f"{method} {path}")
+        if path == "/v1/jobs" and method == "GET":
+            return httpx.Response(200, json={"jobs": list(self.jobs.values())})
+        if path == "/v1/jobs" and method == "POST":
+            body = json.loads(request.content)
+            job = {"id": str(len(self.jobs) + 1), **body, "state": "queued", "done": 0, "total": None}
+            self.jobs[str(job["id"])] = job
+            return httpx.Response(201, json=job)
+        jid, _, action = path.removeprefix("/v1/jobs/").partition("/")
+        if jid not in self.jobs:
+            return httpx.Response(404, json={"detail": "no such job"})
+        if method == "DELETE":
+            del self.jobs[jid]
+        else:
+            self.jobs[jid]["state"] = {"pause": "paused", "resume": "running"}[action]
+        return httpx.Response(200, json=self.jobs.get(jid, {}))
+
+
+async def test_jobs_screen_pause_resume_cancel_and_add(tmp_path: Path) -> None:
+    api = FakeJobsApi()
+    app = MonitorApp(GatewayClient("http://fake", transport=httpx.MockTransport(api)), follow=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("j")
+        screen = app.screen
+
+        async def until(check: object) -> None:
+            deadline = time.monotonic() + 10
+            while not check():  # type: ignore[operator]
+                assert time.monotonic() < deadline, f"timed out; calls: {api.calls}"
+                await pilot.pause(0.05)
+
+        await until(lambda: screen.query("JobItem"))
+        item = screen.query_one("JobItem")
+        bar = item.query_one(".bar")
+        assert bar.total == 100 and bar.progress == 40  # type: ignore[attr-defined]
+        assert "8.0/s" in str(item.query_one(".pace").render())
+        await pilot.press("space")
+        await until(lambda: api.jobs["1"]["state"] == "paused")
+        await until(lambda: "paused" in str(item.query_one(".what").render()))
+        await pilot.press("space")
+        await until(lambda: api.jobs["1"]["state"] == "running")
+        await pilot.press("a", *str(tmp_path / "photos"), "enter")
+        await until(lambda: "2" in api.jobs)
+        assert api.jobs["2"]["path"] == str(tmp_path / "photos") and api.jobs["2"]["collection"] == "photos"
+        await until(lambda: len(screen.query("JobItem")) == 2)
+        await pilot.press("up", "x")  # the highlighted job is cancelled
+        await until(lambda: len(api.jobs) == 1)
+        await until(lambda: len(screen.query("JobItem")) == 1)
+
+
+def test_cli_registers_tui_with_url_and_key() -> None:
+    from homeai.cli.tui_cmd import add_tui_command, cmd_tui
+
+    parser = argparse.ArgumentParser()
+    add_tui_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["tui", "--url", "http://box:8000", "--key", "secret"])
+    assert (args.url, args.key, args.func) == ("http://box:8000", "secret", cmd_tui)
+
+
+async def test_validate_finds_broken_yaml_without_the_server() -> None:
+    client = ReplayClient(docs=[])
+    app = MonitorApp(client)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("p")
+        editor = app.screen.query_one("#editor", TextArea)
+        while editor.text != client.policy_text:
+            await pilot.pause(0.05)
+        editor.load_text(client.policy_text.replace("targets: {ttft_ms: 300, itl_ms: 100}", "targets: {ttft_ms: 300"))
+        await pilot.press("ctrl+t")
+        verdict = app.screen.query_one("#verdict", Static)
+        while "YAML" not in str(verdict.render()):
+            await pilot.pause(0.05)
+        assert "broken" in str(verdict.render())
+        assert client.put_texts == []  # validate never applies
+        editor.load_text(client.policy_text)
+        await pilot.press("ctrl+t")
+        while "syntax ok" not in str(verdict.render()):
+            await pilot.pause(0.05)

@@ -1,0 +1,184 @@
+"""Pilot tests: drive every screen at 80x24 against a real server on loopback (conftest.server_url).
+
+A restart test stops and starts a server under the app: "disconnected", then live again by itself.
+The policy test edits through the editor's keys: an invalid edit must show each error at its line and
+leave the server's policy alone; a valid one must change what GET /admin/policy answers, and the
+history modal must roll it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import DataTable, ListView, OptionList, Static, TextArea
+from tui_helpers import LoopbackServer, serve_unavailable
+
+from tui.app import MonitorApp
+from tui.client import GatewayClient
+from tui.screens.jobs import JobItem, JobsScreen
+from tui.screens.policy import PolicyScreen
+from tui.screens.policy_history import HistoryScreen
+from tui.widgets import LatencyChart, StatusLine
+
+pytestmark = pytest.mark.slow
+SIZE = (80, 24)
+
+
+async def wait_for(pilot: Pilot[None], check: Callable[[], object], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {check}")
+        await pilot.pause(0.1)
+
+
+async def chat(url: str, model: str, user: str) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        body = {"model": model, "user": user, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        (await http.post("/v1/chat/completions", json=body)).raise_for_status()
+
+
+def text_of(widget: Static) -> str:
+    return str(widget.render())
+
+
+async def test_dashboard_shows_live_classes_people_and_device(server_url: str) -> None:
+    app = MonitorApp(GatewayClient(server_url))
+    async with app.run_test(size=SIZE) as pilot:
+        await asyncio.gather(chat(server_url, "voice", "kids"), chat(server_url, "chat", "alice"))
+        await wait_for(pilot, lambda: app.stats and app.stats["classes"]["voice"]["ttft_samples"] > 0
+                       and "alice" in app.stats["users"])
+        await pilot.pause(0.3)
+        assert "live" in text_of(app.screen.query_one(StatusLine))
+        table = app.screen.query_one("#classes", DataTable)
+        assert {"voice", "chat"} <= {str(k.value) for k in table.rows}
+        voice_chart = app.screen.query_one("#chart-0", LatencyChart)
+        assert voice_chart.class_name == "voice" and any(v is not None for v in voice_chart.values)
+        assert "KV" in text_of(app.screen.query_one("#device", Static))
+        await wait_for(pilot, lambda: "alice" in {r.user for r in app.screen.query("PersonRow")})  # type: ignore[attr-defined]
+
+
+async def test_requests_screen_lists_recent_requests(server_url: str) -> None:
+    await chat(server_url, "voice", "kids")
+    app = MonitorApp(GatewayClient(server_url))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        table = app.screen.query_one("#requests", DataTable)
+        await wait_for(pilot, lambda: table.row_count > 0)
+        row = [str(c) for c in table.get_row_at(0)]
+        assert row[2] in {"kids", "alice"} and row[-1] == "ok", row
+
+
+async def type_at(pilot: Pilot[None], editor: TextArea, needle: str, after: str, keys: list[str]) -> None:
+    """Put the cursor just after ``after`` on the first line containing ``needle``, then press ``keys``."""
+    line = next(i for i, text in enumerate(editor.text.splitlines()) if needle in text)
+    editor.move_cursor((line, editor.document.get_line(line).index(after) + len(after)))
+    await pilot.press(*keys)
+
+
+async def test_policy_editor_invalid_then_valid_then_rollback(server_url: str) -> None:
+    original = httpx.get(f"{server_url}/admin/policy").text
+    app = MonitorApp(GatewayClient(server_url))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        screen = app.screen
+        assert isinstance(screen, PolicyScreen)
+        editor = screen.query_one("#editor", TextArea)
+        await wait_for(pilot, lambda: editor.text == original)
+        assert editor.language == "yaml"  # textual[syntax] is installed: highlighted
+
+        # 1. invalid: a non-number priority and a misspelt key -> two errors at their lines, nothing applied
+        await type_at(pilot, editor, "priority: 0 ", "priority: ", ["delete", "x"])
+        await type_at(pilot, editor, "max_running: 8 ", "max_runnin", ["delete"])
+        await pilot.press("ctrl+s")
+        findings = screen.query_one("#findings", OptionList)
+        await wait_for(pilot, lambda: findings.option_count == 2)
+        labels = [str(findings.get_option_at_index(i).prompt) for i in range(2)]
+        voice_line = next(i for i, t in enumerate(original.splitlines(), 1) if "priority: 0 " in t)
+        assert any(f"L{voice_line}" in s and "classes.voice.priority" in s for s in labels), labels
+        assert any("classes.voice.max_runnin" in s and "unknown key" in s for s in labels), labels
+        assert "unchanged" in text_of(screen.query_one("#verdict", Static))
+        assert editor.cursor_location[0] + 1 == voice_line  # the editor jumped to the first error
+        assert httpx.get(f"{server_url}/admin/policy").text == original
+
+        # 2. valid: reload, lower voice's TTFT target by typing -> applied, the diff shown, the server changed
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: editor.text == original)
+        await type_at(pilot, editor, "targets: {ttft_ms: 300", "ttft_ms: 300", ["backspace"] * 3 + ["2", "5", "0"])
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: "applied" in text_of(screen.query_one("#verdict", Static)))
+        assert "classes.voice.targets.ttft_ms" in str(findings.get_option_at_index(0).prompt)
+        assert "ttft_ms: 250" in httpx.get(f"{server_url}/admin/policy").text
+        await wait_for(pilot, lambda: app.stats and app.stats["classes"]["voice"]["targets"]["ttft_ms"] == 250)
+
+        # 3. history: the previous version is the second row; Enter rolls back to it
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
+        table = app.screen.query_one("#versions", DataTable)
+        await wait_for(pilot, lambda: table.row_count >= 2)
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: "rolled back" in text_of(screen.query_one("#verdict", Static)))
+        assert "ttft_ms: 300" in httpx.get(f"{server_url}/admin/policy").text
+        assert editor.text == httpx.get(f"{server_url}/admin/policy").text
+
+
+async def test_jobs_screen_lists_controls_or_says_unavailable(server_url: str, tmp_path: Path) -> None:
+    for i in range(3):
+        (tmp_path / f"note{i}.txt").write_text(f"note {i}: the boiler is serviced in March.\n" * 20)
+    app = MonitorApp(GatewayClient(server_url))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("j")
+        screen = app.screen
+        assert isinstance(screen, JobsScreen)
+        await wait_for(pilot, lambda: screen.available is not None)
+        note = text_of(screen.query_one("#jobs-note", Static))
+        if not screen.available:
+            assert "jobs API not available" in note
+            return
+        await pilot.press("a", *str(tmp_path), "enter")
+        await wait_for(pilot, lambda: len(screen.query(JobItem)) > 0)
+        jid = screen.query(JobItem).last().jid
+
+        def state() -> str:
+            job = httpx.get(f"{server_url}/v1/jobs/{jid}").json()
+            return str(job.get("state") or job.get("status"))
+
+        screen.query_one("#jobs", ListView).index = len(screen.query(JobItem)) - 1
+        await pilot.press("space")
+        await wait_for(pilot, lambda: "pause" in text_of(screen.query_one("#jobs-note", Static)))
+        if "failed" not in text_of(screen.query_one("#jobs-note", Static)):  # a job that already finished
+            assert state() == "paused"
+            await pilot.press("space")
+            await wait_for(pilot, lambda: "resume" in text_of(screen.query_one("#jobs-note", Static)))
+        await pilot.press("x")
+        await wait_for(pilot, lambda: "cancel" in text_of(screen.query_one("#jobs-note", Static)))
+        await wait_for(pilot, lambda: jid not in {item.jid for item in screen.query(JobItem)}
+                       or state() in {"cancelled", "canceled"})
+
+async def test_reconnects_by_itself_when_the_server_restarts(homeai_cache_dir: Path, tmp_path: Path) -> None:
+    why = serve_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    server = LoopbackServer(tmp_path, homeai_cache_dir)
+    try:
+        await asyncio.to_thread(server.start)
+        app = MonitorApp(GatewayClient(server.url))
+        async with app.run_test(size=SIZE) as pilot:
+            line = app.screen.query_one(StatusLine)
+            await wait_for(pilot, lambda: app.connection.connected and app.stats)
+            await asyncio.to_thread(server.stop)
+            await wait_for(pilot, lambda: line.has_class("-down"))
+            assert "disconnected" in text_of(line)
+            num_docs = app.history.num_docs
+            await asyncio.to_thread(server.start)  # same port, a new process
+            await wait_for(pilot, lambda: app.connection.connected and app.history.num_docs > num_docs)
+            await pilot.pause(0.1)
+            assert "live" in text_of(line) and not line.has_class("-down")
+    finally:
+        server.stop()

@@ -1,0 +1,1 @@
+"""One module per screen: dashboard, policy (with its history modal), jobs, requests."""
