@@ -31,8 +31,8 @@ class StatusLine(Static):
         stats = getattr(app, "stats", None) or {}
         self.set_class(not conn.connected, "-down")
         if not conn.connected:
-            retry = f" — retrying in {conn.retry_in_s:.0f} s" if conn.retry_in_s else ""
-            self.update(Text(f"✖ disconnected from {url}: {conn.detail or 'connecting'}{retry}"))
+            retry = f" · retry in {conn.retry_in_s:g} s" if conn.retry_in_s else ""
+            self.update(Text(f"✖ disconnected: {conn.detail or 'connecting'}{retry} · {url}"))
             return
         live = stats.get("num_live_requests", 0)
         self.update(Text.assemble(("● live ", GOOD), (url, "bold"), (" · up ", DIM),
