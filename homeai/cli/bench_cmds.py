@@ -1,4 +1,4 @@
-"""`homeai bench engine`: our engine against transformers' static batches, in one process and one run."""
+"""`homeai bench engine|sim|calibrate`: measured figures, printed as tables or one JSON object."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ def add_bench_commands(subparsers: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=16, help="with --quick: uniform output length")
     p.add_argument("--threads", type=int, help="torch CPU threads (default HOMEAI_CPU_THREADS or all cores)")
     p.set_defaults(func=cmd_bench_engine)
+
+    from homeai.bench.calibrate import add_calibrate_arguments, run_calibrate
+    from homeai.bench.sim_bench import add_sim_arguments, run_sim
+
+    p = kinds.add_parser("sim", help="the household mix on virtual time: FIFO vs single-queue priority vs ours")
+    add_sim_arguments(p)
+    p.set_defaults(func=run_sim)
+    p = kinds.add_parser("calibrate", help="fit the simulator's cost model on this machine's real runtime")
+    add_calibrate_arguments(p)
+    p.set_defaults(func=run_calibrate)
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:

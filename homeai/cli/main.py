@@ -1,6 +1,4 @@
-"""`homeai` console script: one argparse parser; each part registers its own subcommands.
-
-"""
+"""`homeai` console script: one argparse parser; each part registers its own subcommands."""
 
 from __future__ import annotations
 
@@ -8,6 +6,7 @@ import argparse
 
 from homeai.cli.bench_cmds import add_bench_commands
 from homeai.cli.chat_cmd import add_chat_command
+from homeai.cli.jobs_cmds import add_jobs_commands
 from homeai.cli.keys_cmds import add_keys_commands
 from homeai.cli.policy_cmds import add_policy_commands
 from homeai.cli.repository_cmds import add_repository_commands
@@ -24,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     add_chat_command(subparsers)
     add_serve_command(subparsers)
     add_keys_commands(subparsers)
+    add_jobs_commands(subparsers)
     add_bench_commands(subparsers)
     add_tui_command(subparsers)
     args = parser.parse_args(argv)

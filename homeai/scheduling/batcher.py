@@ -26,8 +26,8 @@ from homeai.scheduling.clock import Clock, MonotonicClock
 
 SHARE_WINDOW_S = 5.0
 INTERACTIVE_HORIZON_S = 10.0
-BACKGROUND_BATCH_TTFT_FRACTION = 0.1  # a background batch may cost this much of the tightest TTFT target
-ITL_SLACK_FRACTION = 0.8  # use at most this much of the tightest ITL target for background batches
+BACKGROUND_BATCH_TTFT_FRACTION = 0.15  # a background batch may cost this much of the tightest TTFT target
+ITL_SLACK_FRACTION = 0.95  # use at most this much of the tightest ITL target for background batches
 
 
 @dataclass(slots=True)
@@ -105,7 +105,9 @@ class Batcher:
             if llm_has_work and self._llm_admission_ready(now):
                 return LLM_STEP
             if background and self._has_slack(background[0], now):
-                return self._take(background[0], now)
+                # With only background LLM work (nothing interactive runs), take turns with it.
+                if not (self._last_was_embed and llm_has_work and not self._running_itl_targets_s()):
+                    return self._take(background[0], now)
             if llm_has_work:
                 return LLM_STEP
             return self._take(background[0], now) if background else None
@@ -172,11 +174,16 @@ class Batcher:
         return False
 
     def _has_slack(self, name: str, now: float) -> bool:
-        """True when no interactive sequence runs, or a batch fits in the tightest ITL target's slack."""
+        """True when no interactive sequence runs, or a batch fits in the tightest ITL target's slack.
+        Never while interactive LLM requests wait in a queue: then the LLM runs at full speed to drain
+        them, and background work gets only its min_share."""
+        if self.llm is not None and any(len(s.queue) for s in getattr(self.llm, "classes", {}).values()
+                                        if not s.policy.background):
+            return False
         itl_targets = self._running_itl_targets_s()
         if not itl_targets:
             return True
-        cost = self._cost_s.get(name, 0.0)
+        cost = self._cost_s.get(name, 0.0) + self._cost_s.get(LLM_STEP, 0.0)  # the next token needs a step too
         return (now - self._last_llm_end_s) + cost <= ITL_SLACK_FRACTION * min(itl_targets)
 
     def _running_itl_targets_s(self) -> list[float]:
@@ -197,12 +204,12 @@ class Batcher:
             self._busy.append((start_s, duration, what))
             while self._busy and self._busy[0][0] < end_s - SHARE_WINDOW_S:
                 self._busy.popleft()
+            prev = self._cost_s.get(what)
+            self._cost_s[what] = duration if prev is None else 0.8 * prev + 0.2 * duration
             if what == LLM_STEP:
                 self._last_llm_end_s = end_s
                 self._last_was_embed = False
             else:
-                prev = self._cost_s.get(what)
-                self._cost_s[what] = duration if prev is None else 0.8 * prev + 0.2 * duration
                 if num_items:
                     per = duration / num_items
                     prev = self._per_item_s.get(what)

@@ -39,17 +39,17 @@ def household(horizon_s: float = 120.0, seed: int = 0, background: bool = True,
     reqs: list[TraceRequest] = []
     for t in _poisson(rng, 0.5, horizon_s):
         reqs.append(TraceRequest(t, "voice", "llm", "kitchen", rng.randint(20, 60), rng.randint(8, 32)))
-    for user, rate in (("dad", 4.0), ("teen", 0.5)):
+    for user, rate in (("dad", 2.0), ("teen", 0.25)):
         for t in _poisson(rng, rate, horizon_s):
             reqs.append(TraceRequest(t, "chat", "llm", user, rng.randint(150, 400), 128))
     for t in _poisson(rng, 1.0, horizon_s):
         reqs.append(TraceRequest(t, "embedding", "embedding", "search", input_tokens=[rng.randint(8, 24)]))
     if background:
         per_request = 32
-        for i in range(index_chunks // per_request):
+        for _ in range(index_chunks // per_request):
             reqs.append(TraceRequest(0.0, "indexing", "embedding", "indexer",
                                      input_tokens=[rng.randint(128, 256) for _ in range(per_request)]))
-        for i in range(summaries):
+        for _ in range(summaries):
             reqs.append(TraceRequest(0.0, "summarize", "llm", "indexer", rng.randint(1000, 1700), 128))
     reqs.sort(key=lambda r: r.arrival_s)
     return reqs
