@@ -8,11 +8,13 @@ into the test cache. Tests talk to it only over HTTP, with clients nobody here w
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -28,22 +30,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True, slots=True)
+class Server:
+    url: str  # no trailing slash
+    policy_path: Path  # the file it runs (a copy of policy.yaml: tests may edit it)
+    log_path: Path
+
+
 @pytest.fixture(scope="session")
-def server_url(pulled_models: dict[str, Path], homeai_cache_dir: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL (no trailing slash) of a running server; its log is printed if it fails to start."""
+def server(pulled_models: dict[str, Path], homeai_cache_dir: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A running server; its log is printed if it fails to start."""
     data_dir = tmp_path_factory.mktemp("homeai-data")
     log_path = data_dir / "server.log"
+    policy_path = Path(shutil.copyfile(POLICY, data_dir / "test-policy.yaml"))
     port = free_port()
     env = {**os.environ, "HOMEAI_DATA_DIR": str(data_dir), "HOMEAI_CACHE_DIR": str(homeai_cache_dir)}
-    cmd = [sys.executable, "-m", "homeai.cli.main", "serve", "--port", str(port), "--policy", str(POLICY),
+    cmd = [sys.executable, "-m", "homeai.cli.main", "serve", "--port", str(port), "--policy", str(policy_path),
            "--log-level", "warning"]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(proc, url, log_path)
-        yield url
+        yield Server(url, policy_path, log_path)
     finally:
         proc.terminate()
         try:
@@ -65,6 +75,11 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None
             pass
         time.sleep(0.5)
     pytest.fail(f"server not ready after {START_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def server_url(server: Server) -> str:
+    return server.url
 
 
 @pytest.fixture(scope="session")
