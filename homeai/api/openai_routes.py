@@ -13,6 +13,7 @@ from contextlib import aclosing
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
+from litestar.openapi.datastructures import ResponseSpec
 
 from homeai.api.errors import BadRequest, NotFound
 from homeai.api.openai_schemas import (
@@ -28,6 +29,7 @@ from homeai.api.openai_schemas import (
     EmbeddingList,
     EmbeddingRequest,
     EmbeddingUsage,
+    ErrorBody,
     ModelCard,
     ModelList,
     Usage,
@@ -48,6 +50,14 @@ from homeai.engine.gateway import Gateway, Route
 from homeai.engine.types import FinishReason, SamplingParams
 
 MAX_EMBEDDING_INPUTS = 2048
+
+
+def documented(body: type, what: str) -> dict[int, ResponseSpec]:
+    """OpenAPI responses: the 200 body (SSE when streaming) and our error shape for each status we send."""
+    errors = {400: "invalid request (names the field)", 404: "unknown model", 413: "body too large",
+              429: "class queue full (Retry-After)", 503: "queue timeout or engine starting (Retry-After)"}
+    return {200: ResponseSpec(body, description=what),
+            **{code: ResponseSpec(ErrorBody, description=text) for code, text in errors.items()}}
 
 
 def content_text(content: Any, field: str) -> str:
@@ -147,7 +157,8 @@ class OpenAIController(Controller):
     path = "/v1"
     tags = ["openai"]
 
-    @post("/chat/completions", status_code=200, summary="Chat completion (SSE when stream is true)")
+    @post("/chat/completions", status_code=200, summary="Chat completion (SSE when stream is true)",
+          responses=documented(ChatCompletion, "the completion; with stream, SSE chunks and data: [DONE]"))
     async def chat_completions(self, request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[Any]:
         messages = message_dicts(data.messages)
 
@@ -163,7 +174,8 @@ class OpenAIController(Controller):
         return Response(ChatCompletion("chatcmpl-" + gen.request_id, int(time.time()), gen.route.model,
                                        [choice], usage(gen)))
 
-    @post("/completions", status_code=200, summary="Text completion (SSE when stream is true)")
+    @post("/completions", status_code=200, summary="Text completion (SSE when stream is true)",
+          responses=documented(Completion, "the completion; with stream, SSE chunks and data: [DONE]"))
     async def completions(self, request: Request[Any, Any, Any], data: CompletionRequest) -> Response[Any]:
         async def prompt(gateway: Gateway, route: Route) -> list[int]:
             raw = data.prompt
@@ -186,7 +198,8 @@ class OpenAIController(Controller):
         return Response(Completion("cmpl-" + gen.request_id, int(time.time()), gen.route.model, [choice],
                                    usage(gen)))
 
-    @post("/embeddings", status_code=200, summary="Embeddings of strings or token arrays")
+    @post("/embeddings", status_code=200, summary="Embeddings of strings or token arrays",
+          responses=documented(EmbeddingList, "one vector per input (floats or base64 little-endian float32)"))
     async def embeddings(self, request: Request[Any, Any, Any], data: EmbeddingRequest) -> EmbeddingList:
         inputs = embedding_inputs(data.input)
         ctx = await request_context(request, data.user)

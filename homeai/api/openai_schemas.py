@@ -186,3 +186,16 @@ class ResponsesRequest(Struct, kw_only=True):
     metadata: dict[str, str] | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(Struct):
+    """OpenAI's error shape, used for every error under /v1."""
+
+    error: ErrorDetail

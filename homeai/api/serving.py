@@ -261,7 +261,11 @@ async def text_prompt_ids(gateway: Gateway, model: str, text: str) -> list[int]:
 
 
 def default_max_tokens(gateway: Gateway, route: Route, prompt_ids: list[int], requested: int | None) -> int:
-    """An unset limit means "until the context is full" (the class's max_output_tokens still caps it)."""
+    """An unset limit means "until the context or the KV cache is full" (the class's max_output_tokens
+    still caps it); a small KV cache must not turn every request without max_tokens into a 400."""
     if requested is not None:
         return requested
-    return max(1, gateway.llm(route.model).max_model_len - len(prompt_ids))
+    engine = gateway.llm(route.model)
+    bm = engine.scheduler.block_manager
+    room = min(engine.max_model_len, bm.num_blocks * bm.block_size) - len(prompt_ids)
+    return max(1, room)
