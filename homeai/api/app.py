@@ -55,7 +55,9 @@ async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
     if store_cls is None:
         yield
         return
-    store = store_cls.in_dir(app.state.settings.data_dir)
+    settings = app.state.settings
+    url = getattr(settings, "database_url", None)
+    store = store_cls(url) if url else store_cls.in_dir(settings.data_dir)
     await store.init()
     app.state.store = store
     record = _optional("homeai.api.policy_apply", "record_running_policy")
@@ -116,7 +118,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
     recorder_cls = _optional("homeai.metrics.recorder", "MetricsRecorder")
     handlers: list[Any] = [OpenAIController, ResponsesController, OllamaController, ollama_root, ollama_root_head]
     for module, name in (("homeai.api.admin_routes", "admin_router"),
-                         ("homeai.api.observability_routes", "observability_router")):
+                         ("homeai.api.observability_routes", "observability_router"),
+                         ("homeai.api.jobs_routes", "jobs_router")):
         router = _optional(module, name)
         if router is not None:
             handlers.append(router)
@@ -125,12 +128,18 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=handlers,
         exception_handlers={Exception: exception_handler},
-        lifespan=[store_lifespan, engine_lifespan, policy_watcher_lifespan],
+        lifespan=[store_lifespan, engine_lifespan, *_lifespans(("homeai.api.background", "background_lifespan")),
+                  policy_watcher_lifespan],
         request_max_body_size=settings.max_body_bytes,
         state=_state(settings, holder, policy_path, recorder_cls() if recorder_cls else None),
         openapi_config=OpenAPIConfig(title="HomeAI Gateway", version="0.1.0", path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),
     )
+
+
+def _lifespans(*names: tuple[str, str]) -> list[Any]:
+    """The lifespans of parts that exist (request log and jobs: after the engine, stopped before it)."""
+    return [found for module, name in names if (found := _optional(module, name)) is not None]
 
 
 def _state(settings: Settings, holder: PolicyHolder, policy_path: Any, metrics: Any) -> Any:

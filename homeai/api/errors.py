@@ -117,9 +117,9 @@ def _validation_error(exc: ValidationException) -> BadRequest:
             return BadRequest("a JSON request body is required")
         at = re.search(r"at `\$\.?([^`]*)`", message)
         path = at.group(1) if at else ""
-        missing = re.search(r"missing required field `([^`]*)`", message)
-        if missing:
-            path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        named = re.search(r"(?:missing required|unknown) field `([^`]*)`", message)
+        if named:
+            path = f"{path}.{named.group(1)}" if path else named.group(1)
         key = problem.get("key")
         param = path or (key if key and key != "data" else None)
         text = re.sub(r"\s*-\s*at `\$[^`]*`", "", message)

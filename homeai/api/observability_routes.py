@@ -5,7 +5,8 @@
     GET /v1/stats/stream   the same as server-sent events (event "stats"), about twice a second
                            (``?count=N``: stop after N events)
     GET /healthz           the process answers: always {"status": "ok"}
-    GET /readyz            200 "ready" once the gateway runs ("degraded" if the store does not answer),
+    GET /readyz            200 "ready" once the gateway runs ("degraded" if the store does not answer or
+                           the request log cannot write),
                            503 "starting" before
 
 Uses ``app.state.metrics`` (a MetricsRecorder), ``app.state.gateway`` (``snapshot()``, ``started_s``),
@@ -110,7 +111,10 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
         return Response({"status": "starting"}, status_code=503)
     store = state.get("store")
     store_state = "absent" if store is None else ("ok" if await store.ping() else "unavailable")
-    body: dict[str, Any] = {"status": "degraded" if store_state == "unavailable" else "ready", "store": store_state}
+    writer = state.get("request_log")  # the request-log writer: unhealthy while its writes fail
+    if writer is not None and not writer.healthy and store_state == "ok":
+        store_state = "slow"
+    body: dict[str, Any] = {"status": "ready" if store_state in ("ok", "absent") else "degraded", "store": store_state}
     served = getattr(gateway, "served_models", None)
     if callable(served):
         body["models"] = served()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DATA_DIR_ENV = "HOMEAI_DATA_DIR"
+DATABASE_URL_ENV = "HOMEAI_DATABASE_URL"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
 POLICY_FILE_NAME = "policy.yaml"
@@ -56,6 +57,8 @@ class Settings:
     policy_poll_s: float = 1.0  # how often the policy file's mtime is checked for a hot reload
     device: str | None = None
     cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
+    # None: SQLite in the data dir; else any SQLAlchemy async URL (postgresql+asyncpg://user:pw@host/db)
+    database_url: str | None = field(default_factory=lambda: os.environ.get(DATABASE_URL_ENV) or None)
 
     @property
     def database_path(self) -> Path:

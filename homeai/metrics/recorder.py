@@ -42,6 +42,7 @@ class _Live:
     user_rate: RateWindow
     first_token_s: float | None = None
     last_token_s: float | None = None
+    scheduled_s: float | None = None
     num_output_tokens: int = 0  # counted through tokens()
 
 
@@ -60,6 +61,8 @@ class FinishedRequest:
     e2e_ms: float
     status: str
     finished_at: float  # wall clock (epoch seconds)
+    queue_ms: float | None = None  # known when the API reported scheduled()
+    itl_ms: float | None = None  # mean gap between output tokens (None below two deliveries)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +87,8 @@ class MetricsRecorder:
         self._requests: dict[str, dict[str, int]] = {}    # class -> status -> count
         self._rejections: dict[str, dict[str, int]] = {}  # class -> reason -> count
         self._steps: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, steps) at recent reads
+        # Called with every FinishedRequest (the request log's writer); must not block or raise.
+        self.listeners: list[Callable[[FinishedRequest], None]] = []
 
     # ---- the request path (event loop, per request / per delta) ----------------------------------
     def request_started(self, request_id: str, kind: str, class_name: str, user: str, model: str,
@@ -102,7 +107,8 @@ class MetricsRecorder:
         """Optional: the request left its class queue (observes homeai_queue_seconds)."""
         live = self._live.get(request_id)
         if live is not None:
-            self.series.child(self.series.queue, live.class_name).observe(self.clock() - live.started_s)
+            live.scheduled_s = self.clock()
+            self.series.child(self.series.queue, live.class_name).observe(live.scheduled_s - live.started_s)
 
     def first_token(self, request_id: str) -> None:
         live = self._live.get(request_id)
@@ -149,9 +155,13 @@ class MetricsRecorder:
         by_status = self._requests.setdefault(live.class_name, {})
         by_status[status] = by_status.get(status, 0) + 1
         ttft_ms = None if live.first_token_s is None else (live.first_token_s - live.started_s) * 1e3
-        self.recent.append(FinishedRequest(
+        done = FinishedRequest(
             request_id, live.kind, live.class_name, live.user, live.model, live.num_prompt_tokens,
-            max(num_output_tokens, live.num_output_tokens), ttft_ms, e2e_s * 1e3, status, self.wall_clock()))
+            max(num_output_tokens, live.num_output_tokens), ttft_ms, e2e_s * 1e3, status, self.wall_clock(),
+            None if live.scheduled_s is None else (live.scheduled_s - live.started_s) * 1e3, _mean_itl_ms(live))
+        self.recent.append(done)
+        for listener in self.listeners:
+            listener(done)
 
     def rejected(self, class_name: str, reason: str) -> None:
         """A request of ``class_name`` was refused (``reason``: queue_full, timeout, too_long, ...)."""
@@ -240,3 +250,10 @@ class MetricsRecorder:
         horizon = self.clock() - _STALE_S
         for rid in [rid for rid, live in self._live.items() if live.started_s < horizon]:
             del self._live[rid]
+
+
+def _mean_itl_ms(live: _Live) -> float | None:
+    """Mean inter-token gap: the time from the first to the last delivery over the tokens after the first."""
+    if live.first_token_s is None or live.last_token_s is None or live.num_output_tokens < 2:
+        return None
+    return (live.last_token_s - live.first_token_s) / (live.num_output_tokens - 1) * 1e3

@@ -1,8 +1,10 @@
 """The store: one async SQLAlchemy engine, SQLite (WAL) in the data directory by default.
 
 ``Store(url)`` takes any SQLAlchemy async URL (``postgresql+asyncpg://...``); ``Store.in_dir(path)``
-uses ``<path>/homeai.db``. ``init()`` creates the tables (migrations come later) and the per-area
-repositories: ``store.keys`` (API keys, cached for auth) and ``store.policy_versions``.
+uses ``<path>/homeai.db``. ``init()`` migrates the schema to the newest Alembic revision and builds the
+per-area repositories: ``store.keys`` (API keys, cached for auth), ``store.policy_versions``,
+``store.jobs`` and ``store.collections`` (documents, chunks and vectors for search).
+``sync_url`` names the same database for libraries that need a blocking driver (APScheduler).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
@@ -18,7 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from homeai.store.keys import ApiKeys
 from homeai.store.policy_versions import PolicyVersions
-from homeai.store.tables import Base
+
+if TYPE_CHECKING:  # imported in init(): alembic and numpy would slow every CLI command's start
+    from homeai.store.collections import Collections
+    from homeai.store.jobs import Jobs
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,8 @@ class Store:
         self.sessions: async_sessionmaker[AsyncSession] | None = None
         self._keys: ApiKeys | None = None
         self._policy_versions: PolicyVersions | None = None
+        self._jobs: Jobs | None = None
+        self._collections: Collections | None = None
 
     @classmethod
     def in_dir(cls, data_dir: str | Path) -> Store:
@@ -48,10 +55,22 @@ class Store:
     def is_sqlite(self) -> bool:
         return make_url(self.url).get_backend_name() == "sqlite"
 
+    @property
+    def sync_url(self) -> str:
+        """The same database through a blocking driver: pysqlite for SQLite, psycopg for PostgreSQL."""
+        url = make_url(self.url)
+        backend = url.get_backend_name()
+        driver = {"postgresql": "postgresql+psycopg"}.get(backend, backend)
+        return url.set(drivername=driver).render_as_string(hide_password=False)
+
     async def init(self) -> None:
-        """Connect, switch SQLite to WAL, create missing tables."""
+        """Connect, switch SQLite to WAL, run the migrations (``alembic upgrade head``)."""
         if self.engine is not None:
             return
+        from homeai.store.collections import Collections
+        from homeai.store.jobs import Jobs
+        from homeai.store.migrate import upgrade_head
+
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
             database = make_url(self.url).database
@@ -62,11 +81,13 @@ class Store:
         if self.is_sqlite:
             event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         async with engine.begin() as conn:
-            await conn.run_sync(Base.metadata.create_all)
+            await conn.run_sync(upgrade_head)
         self.engine = engine
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._keys = ApiKeys(self.sessions)
         self._policy_versions = PolicyVersions(self.sessions)
+        self._jobs = Jobs(self.sessions)
+        self._collections = Collections(self.sessions)
 
     async def close(self) -> None:
         if self.engine is not None:
@@ -84,6 +105,18 @@ class Store:
         if self._policy_versions is None:
             raise RuntimeError("Store.init() has not run")
         return self._policy_versions
+
+    @property
+    def jobs(self) -> Jobs:
+        if self._jobs is None:
+            raise RuntimeError("Store.init() has not run")
+        return self._jobs
+
+    @property
+    def collections(self) -> Collections:
+        if self._collections is None:
+            raise RuntimeError("Store.init() has not run")
+        return self._collections
 
     async def ping(self, timeout_s: float = 1.0) -> bool:
         """True when the database answers a trivial query within ``timeout_s`` (for /readyz)."""

@@ -1,0 +1,49 @@
+"""Lifespan of the background services: the request-log writer and the job manager (with search).
+
+Starts after the engine (jobs talk to the gateway) and stops before it: runs are cancelled first
+(their jobs stay "running" in the store and resume at the next start), then the request log is flushed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+
+from homeai.jobs.manager import JobManager
+from homeai.search.matrix_cache import SearchIndex
+from homeai.store.request_log import RequestLogWriter
+
+log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def background_lifespan(app: Litestar) -> AsyncIterator[None]:
+    state = app.state
+    store = state.get("store")
+    if store is None:
+        yield
+        return
+    writer = RequestLogWriter(store.sessions)
+    writer.start()
+    state.request_log = writer
+    recorder = state.get("metrics")
+    listeners = getattr(recorder, "listeners", None)
+    if listeners is not None:
+        listeners.append(writer.submit)
+    manager = JobManager(store, lambda: state.get("gateway"))
+    await manager.start()
+    state.jobs = manager
+    state.search = SearchIndex(store.collections)
+    try:
+        yield
+    finally:
+        state.jobs = None
+        state.search = None
+        await manager.shutdown()
+        if listeners is not None and writer.submit in listeners:
+            listeners.remove(writer.submit)
+        await writer.stop()
+        state.request_log = None

@@ -1,0 +1,154 @@
+"""Background jobs and semantic search.
+
+    POST   /v1/jobs               {"kind": "index", "path": FOLDER, "collection": NAME, "schedule": ...},
+                                  prompt and retention kinds (fields in jobs_schemas.JobCreate) -> 201
+    GET    /v1/jobs               every job with its progress
+    GET    /v1/jobs/{id}          one job: progress (done/total chunks, rate, ETA), state, recent runs
+    DELETE /v1/jobs/{id}          stop and forget a job (its collection stays)
+    POST   /v1/jobs/{id}/pause    stop at the next batch boundary and hold the schedule
+    POST   /v1/jobs/{id}/resume   continue (skips what is committed)
+    POST   /v1/search             {"collection", "query", "k"} -> {"results": [{"text", "score", "document"}]}
+
+Jobs read folders on the server, so they need an admin caller (any caller on loopback without keys);
+search needs any authenticated caller. The query is embedded in the interactive embedding class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Router, delete, get, post
+from litestar.params import FromPath, JSONBody
+
+from homeai.api.auth import require_admin, resolve_caller
+from homeai.api.errors import BadRequest, NotFound, ServiceUnavailable
+from homeai.api.jobs_schemas import (
+    JobCreate,
+    JobList,
+    JobProgress,
+    JobRunView,
+    JobView,
+    SearchHit,
+    SearchRequest,
+    SearchResponse,
+    check_search,
+    job_spec,
+)
+from homeai.api.serving import gateway_of, request_context, route_request, run_embedding
+from homeai.jobs.manager import JobManager
+from homeai.search.matrix_cache import SearchIndex
+from homeai.store.jobs import JobInfo
+
+SEARCH_CLASS = "embedding"
+
+
+def _manager(request: Request[Any, Any, Any]) -> JobManager:
+    manager = request.app.state.get("jobs")
+    if manager is None:
+        raise ServiceUnavailable("jobs are not available (no store, or still starting)", headers={"Retry-After": "5"})
+    return manager  # type: ignore[no-any-return]
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+async def job_view(manager: JobManager, job: JobInfo, num_runs: int = 0) -> JobView:
+    runs = await manager.store.jobs.runs(job.id, limit=num_runs) if num_runs else []
+    return JobView(
+        id=job.id, kind=job.kind, state=job.state, spec=job.spec, schedule=job.schedule,
+        next_run_at=manager.next_run_at(job.id), progress=JobProgress(**manager.progress(job)), error=job.error,
+        created_by=job.created_by, created_at=job.created_at.isoformat(), started_at=_iso(job.started_at),
+        finished_at=_iso(job.finished_at),
+        runs=[JobRunView(r.id, r.state, r.started_at.isoformat(), _iso(r.finished_at), r.num_done, r.output,
+                         r.error) for r in runs])
+
+
+async def _job(manager: JobManager, job_id: int) -> JobInfo:
+    job = await manager.store.jobs.get(job_id)
+    if job is None:
+        raise NotFound(f"no job with id {job_id}", param="id")
+    return job
+
+
+@post("/jobs", status_code=201, summary="Create a job (index a folder, run a prompt, prune the log)")
+async def create_job(request: Request[Any, Any, Any], data: JSONBody[JobCreate]) -> JobView:
+    manager = _manager(request)
+    policy = request.app.state.policy_holder.current
+    spec = job_spec(data, {name for name, c in policy.classes.items() if c.kind == "llm"})
+    caller = await resolve_caller(request)
+    job = await manager.add(data.kind, spec, data.schedule, caller.user)
+    return await job_view(manager, await _job(manager, job.id))
+
+
+@get("/jobs", summary="Every job with its state and progress")
+async def list_jobs(request: Request[Any, Any, Any]) -> JobList:
+    manager = _manager(request)
+    return JobList([await job_view(manager, job) for job in await manager.store.jobs.list()])
+
+
+@get("/jobs/{job_id:int}", summary="One job: progress (done/total chunks, rate, ETA), state, recent runs")
+async def show_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> JobView:
+    manager = _manager(request)
+    return await job_view(manager, await _job(manager, job_id), num_runs=5)
+
+
+@delete("/jobs/{job_id:int}", status_code=200, summary="Stop and delete a job (its collection stays)")
+async def delete_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> dict[str, Any]:
+    manager = _manager(request)
+    await _job(manager, job_id)
+    await manager.delete(job_id)
+    return {"id": job_id, "deleted": True}
+
+
+@post("/jobs/{job_id:int}/pause", status_code=200, summary="Pause a job at the next batch boundary")
+async def pause_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> JobView:
+    manager = _manager(request)
+    job = await _job(manager, job_id)
+    if not await manager.pause(job_id):
+        raise BadRequest(f"job {job_id} is {job.state} and has no schedule: nothing to pause", param="id")
+    return await job_view(manager, await _job(manager, job_id))
+
+
+@post("/jobs/{job_id:int}/resume", status_code=200, summary="Resume a paused job")
+async def resume_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> JobView:
+    manager = _manager(request)
+    job = await _job(manager, job_id)
+    if not await manager.resume(job_id):
+        raise BadRequest(f"job {job_id} is {job.state}, not paused", param="id")
+    return await job_view(manager, await _job(manager, job_id))
+
+
+def _search_class(gateway: Any, asked: str | None) -> str | None:
+    classes = gateway.policy.classes
+    if asked is not None and asked in classes and classes[asked].kind == "embedding":
+        return asked
+    return SEARCH_CLASS if SEARCH_CLASS in classes else None
+
+
+@post("/search", status_code=200, summary="Top-k chunks of a collection for a text query")
+async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest]) -> SearchResponse:
+    check_search(data)
+    index: SearchIndex | None = request.app.state.get("search")
+    if index is None:
+        raise ServiceUnavailable("search is not available (no store, or still starting)")
+    collection_id = await index.collections.find(data.collection.strip())
+    if collection_id is None:
+        raise NotFound(f"no collection named {data.collection!r}", param="collection")
+    gateway = gateway_of(request)
+    ctx = await request_context(request)
+    ctx.class_name = _search_class(gateway, ctx.class_name)
+    route = route_request(gateway, None, ctx, "embedding")
+    result = await run_embedding(request, route, [data.query], ctx)
+    try:
+        hits = await index.search(collection_id, result.vectors[0], data.k)
+    except ValueError as e:
+        raise BadRequest(str(e), param="collection") from None
+    return SearchResponse([SearchHit(h.text, h.score, h.document) for h in hits])
+
+
+jobs_router = Router(path="/v1", route_handlers=[
+    Router(path="/", route_handlers=[create_job, list_jobs, show_job, delete_job, pause_job, resume_job],
+           guards=[require_admin]),
+    search,
+], tags=["jobs"])

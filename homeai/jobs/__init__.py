@@ -1,0 +1,1 @@
+"""Background jobs: APScheduler integration, the indexing pipeline, progress and resume."""

@@ -1,0 +1,58 @@
+"""Embeddings for jobs through the gateway's queues: a job is one more client of a (background) class.
+
+Texts are tokenized exactly as the interactive path does it (``Embedder.tokenize``, off the event
+loop), then queued in the class as user ``indexer``; a full queue or a queue timeout is waited out and
+retried, since background work has all night. Chunking uses a private copy of the same tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import numpy as np
+
+from homeai.engine.embed_service import QueueTimeoutError
+from homeai.jobs.chunking import hf_token_offsets
+from homeai.scheduling.class_queue import QueueFullError
+
+log = logging.getLogger(__name__)
+
+INDEXING_CLASS = "indexing"
+INDEXER_USER = "indexer"
+MAX_RETRIES = 100
+
+
+class GatewayTextEmbedder:
+    """``TextEmbedder`` over ``Gateway.embed`` in ``class_name`` (the policy's default embedding class
+    when the policy has no such class)."""
+
+    def __init__(self, gateway: Any, class_name: str = INDEXING_CLASS, user: str = INDEXER_USER) -> None:
+        self.gateway = gateway
+        self.class_name = class_name
+        self.user = user
+        route = self._route()
+        self.embedder = gateway.embedders[route.model]
+        self.token_offsets = hf_token_offsets(self.embedder.tokenizer)
+        self.max_chunk_tokens = int(self.embedder.max_length) - 2  # [CLS] and [SEP]
+
+    def _route(self) -> Any:
+        """Asked again per batch: a hot-reloaded policy may move the class."""
+        known = self.class_name in self.gateway.policy.classes
+        return self.gateway.route(None, self.class_name if known else None, "embedding", self.user)
+
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        rows = await asyncio.to_thread(self.embedder.tokenize, texts)
+        for attempt in range(MAX_RETRIES):
+            try:
+                result = await self.gateway.embed(self._route(), rows, self.user)
+                return np.asarray(result.vectors, dtype=np.float32)
+            except QueueFullError as e:
+                wait_s = max(0.5, float(getattr(e, "retry_after_s", 1.0) or 1.0))
+            except QueueTimeoutError:
+                wait_s = 0.5
+            if attempt == 0:
+                log.info("indexing queue busy; retrying in %.1f s", wait_s)
+            await asyncio.sleep(wait_s)
+        raise RuntimeError(f"the {self.class_name!r} queue stayed full")

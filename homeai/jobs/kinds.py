@@ -1,0 +1,63 @@
+"""The non-indexing job kinds: a prompt run in a chosen class (its answer is the run's output), and
+retention of the request log. Both go through the same gateway and store as everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from homeai.engine.types import SamplingParams
+from homeai.scheduling.class_queue import QueueFullError
+from homeai.store.collections import Collections
+from homeai.store.jobs import JobInfo, Jobs
+from homeai.store.request_log import prune_request_log
+
+PROMPT_USER = "jobs"  # not in the policy: the default user's share and classes
+NEW_DOCUMENTS = "{new_documents}"
+MAX_QUEUE_RETRIES = 60
+
+
+async def expand_prompt(job: JobInfo, jobs: Jobs, collections: Collections) -> str:
+    """``{new_documents}`` in the prompt becomes the paths committed to the job's collection since its
+    last successful run (a morning digest)."""
+    prompt = str(job.spec["prompt"])
+    name = job.spec.get("collection")
+    if NEW_DOCUMENTS not in prompt or not name:
+        return prompt
+    cid = await collections.find(str(name))
+    last = await jobs.last_finished_run(job.id)
+    paths = await collections.documents_since(cid, last.started_at if last else None) if cid else []
+    return prompt.replace(NEW_DOCUMENTS, "\n".join(paths) or "(no new documents)")
+
+
+async def run_prompt(gateway: Any, job: JobInfo, prompt: str) -> str:
+    """The model's answer to ``prompt`` as the chat template frames a user message."""
+    spec = job.spec
+    user = str(spec.get("user") or PROMPT_USER)
+    route = gateway.route(spec.get("model"), spec.get("class"), "llm", user)
+    ids = await asyncio.to_thread(gateway.chat_prompt, route.model, [{"role": "user", "content": prompt}])
+    params = SamplingParams(temperature=float(spec.get("temperature", 0.0)),
+                            max_tokens=int(spec.get("max_tokens") or 256))
+    for _ in range(MAX_QUEUE_RETRIES):
+        try:
+            return await _collect(gateway.generate(route, ids, params, user, f"job{job.id}-{uuid.uuid4().hex}"))
+        except QueueFullError as e:
+            await asyncio.sleep(max(0.5, e.retry_after_s))
+    raise RuntimeError(f"class {route.class_name!r} stayed full")
+
+
+async def _collect(stream: Any) -> str:
+    parts: list[str] = []
+    async for delta in stream:
+        if delta.error:
+            raise RuntimeError(delta.error)
+        parts.append(delta.text)
+    return "".join(parts)
+
+
+async def run_retention(sessions: Any, job: JobInfo) -> str:
+    days = float(job.spec.get("days", 30))
+    removed = await prune_request_log(sessions, days)
+    return f"deleted {removed} request-log rows older than {days:g} days"

@@ -1,0 +1,223 @@
+"""The job manager: APScheduler (AsyncIOScheduler, persistent SQLAlchemy job store) fires schedules;
+each run is an asyncio task of this process that talks to the gateway like any client.
+
+A job without a schedule runs at once. Runs are resumable: at start, jobs left "running" (the process
+died) and one-off jobs that never ran are started again, and an indexing run skips every file whose
+hash is already committed. Pause stops a run at the next batch boundary (what is embedded is still
+committed) and pauses its schedule; resume continues it. Misfires: a schedule missed by less than
+``misfire_grace_s`` (the server was down) still runs once (coalesced); older ones are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from homeai.jobs.gateway_embedder import GatewayTextEmbedder
+from homeai.jobs.indexer import Indexer, IndexSpec
+from homeai.jobs.kinds import expand_prompt, run_prompt, run_retention
+from homeai.jobs.progress import Progress
+from homeai.jobs.schedules import parse_schedule
+from homeai.store.jobs import JobInfo
+from homeai.store.tables import utcnow
+
+log = logging.getLogger(__name__)
+
+_current: JobManager | None = None  # the serving process's manager, for APScheduler's stored callable
+
+
+async def fire(job_id: int) -> None:
+    """What the persistent job store names (``homeai.jobs.manager:fire``): start a run of ``job_id``."""
+    if _current is not None:
+        _current.launch(job_id)
+
+
+def aps_id(job_id: int) -> str:
+    return f"homeai-job-{job_id}"
+
+
+def job_store(sync_url: str) -> SQLAlchemyJobStore:
+    """APScheduler's table in the same database, through a blocking driver with short timeouts."""
+    connect_args = {"timeout": 15} if sync_url.startswith("sqlite") else {"connect_timeout": 5}
+    return SQLAlchemyJobStore(url=sync_url, engine_options={"connect_args": connect_args, "pool_pre_ping": True})
+
+
+class JobManager:
+    def __init__(self, store: Any, gateway: Callable[[], Any], misfire_grace_s: int = 3600,
+                 batch_chunks: int = 32) -> None:
+        self.store = store
+        self._gateway = gateway
+        self.batch_chunks = batch_chunks
+        self.scheduler = AsyncIOScheduler(
+            jobstores={"default": job_store(store.sync_url)},
+            job_defaults={"coalesce": True, "misfire_grace_time": misfire_grace_s, "max_instances": 1})
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._progress: dict[int, Progress] = {}
+        self._stop: set[int] = set()
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        global _current
+        _current = self
+        self.scheduler.start()
+        await self.recover()
+
+    async def shutdown(self) -> None:
+        """Stop firing and cancel runs; their jobs stay "running" in the store and resume at next start."""
+        global _current
+        if _current is self:
+            _current = None
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def recover(self) -> None:
+        """Restart what a dead process left: running jobs, one-off jobs never started, lost schedules."""
+        jobs = self.store.jobs
+        await jobs.interrupt_stale_runs()
+        for job in await jobs.list(states=["running", "queued"]):
+            if job.schedule and self.scheduler.get_job(aps_id(job.id)) is None and job.state == "queued":
+                self._schedule(job)
+            if job.state == "running" or not job.schedule:
+                log.info("resuming job %d (%s)", job.id, job.kind)
+                self.launch(job.id)
+
+    # ---- commands --------------------------------------------------------------------------------
+    async def add(self, kind: str, spec: dict[str, Any], schedule: str | None, created_by: str) -> JobInfo:
+        if schedule:
+            parse_schedule(schedule)  # ValueError before anything is stored
+        job = await self.store.jobs.create(kind, spec, schedule, created_by)
+        if schedule:
+            self._schedule(job)
+        else:
+            self.launch(job.id)
+        return job
+
+    def _schedule(self, job: JobInfo) -> None:
+        assert job.schedule is not None
+        self.scheduler.add_job(fire, parse_schedule(job.schedule), args=[job.id], id=aps_id(job.id),
+                               name=f"{job.kind} job {job.id}", replace_existing=True)
+
+    async def pause(self, job_id: int) -> bool:
+        """Pause a job (False: it is done or failed and has no schedule left to pause)."""
+        job = await self.store.jobs.get(job_id)
+        if job is None or not await self.store.jobs.set_state(job_id, "paused",
+                                                              only_from=["queued", "running", "paused"]
+                                                              + (["done", "failed"] if job.schedule else [])):
+            return False
+        self._stop.add(job_id)
+        self._aps(self.scheduler.pause_job, job_id)
+        return True
+
+    async def resume(self, job_id: int) -> bool:
+        """Resume a paused job: its schedule fires again, and an interrupted run continues now."""
+        job = await self.store.jobs.get(job_id)
+        if job is None or job.state != "paused":
+            return False
+        self._stop.discard(job_id)
+        await self.store.jobs.set_state(job_id, "queued", only_from=["paused"])
+        if job.schedule:
+            self._aps(self.scheduler.resume_job, job_id)
+        runs = await self.store.jobs.runs(job_id, limit=1)
+        if not job.schedule or (runs and runs[0].state in ("paused", "interrupted")):
+            self.launch(job_id)
+        return True
+
+    async def delete(self, job_id: int) -> bool:
+        self._stop.add(job_id)
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._aps(self.scheduler.remove_job, job_id)
+        self._progress.pop(job_id, None)
+        return bool(await self.store.jobs.delete(job_id))
+
+    def _aps(self, method: Callable[[str], Any], job_id: int) -> None:
+        try:
+            method(aps_id(job_id))
+        except JobLookupError:  # a one-off, or a date schedule that has fired
+            pass
+
+    # ---- reads -----------------------------------------------------------------------------------
+    def progress(self, job: JobInfo) -> dict[str, Any]:
+        live = self._progress.get(job.id)
+        if live is not None and job.id in self._tasks:
+            return live.to_dict()
+        return {"done_chunks": job.done_chunks, "total_chunks": job.total_chunks, "done_files": job.done_files,
+                "total_files": job.total_files, "phase": None, "chunks_per_s": 0.0,
+                "eta_s": 0.0 if job.state == "done" else None}
+
+    def next_run_at(self, job_id: int) -> str | None:
+        aps_job = self.scheduler.get_job(aps_id(job_id)) if self.scheduler.running else None
+        when = getattr(aps_job, "next_run_time", None)
+        return when.isoformat() if when is not None else None
+
+    def is_running(self, job_id: int) -> bool:
+        return job_id in self._tasks
+
+    # ---- runs ------------------------------------------------------------------------------------
+    def launch(self, job_id: int) -> bool:
+        """Start a run now unless one is in progress."""
+        if job_id in self._tasks:
+            log.info("job %d is already running", job_id)
+            return False
+        task = asyncio.get_running_loop().create_task(self._run(job_id), name=f"job-{job_id}")
+        self._tasks[job_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
+        return True
+
+    async def _run(self, job_id: int) -> None:
+        jobs = self.store.jobs
+        job = await jobs.get(job_id)
+        if job is None or job.state == "paused":
+            return
+        gateway = await self._wait_gateway()
+        self._stop.discard(job_id)
+        await jobs.set_state(job_id, "running", started_at=utcnow(), finished_at=None, error=None)
+        run_id = await jobs.start_run(job_id)
+        progress = self._progress[job_id] = Progress()
+        try:
+            output, stopped = await self._execute(job, gateway, progress)
+        except asyncio.CancelledError:
+            raise  # shutdown (the job stays "running" and resumes) or delete (the row is gone)
+        except Exception as e:
+            log.exception("job %d (%s) failed", job_id, job.kind)
+            message = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
+            await jobs.finish_run(run_id, "failed", progress.run_chunks, error=message)
+            await jobs.set_state(job_id, "failed", only_from=["running"], finished_at=utcnow(), error=message)
+            return
+        state = "paused" if stopped else "done"
+        await jobs.finish_run(run_id, state, progress.run_chunks, output=output)
+        await jobs.set_state(job_id, state, only_from=["running"], finished_at=utcnow())
+
+    async def _execute(self, job: JobInfo, gateway: Any, progress: Progress) -> tuple[str, bool]:
+        """Run one job of any kind; returns (output, stopped early)."""
+        if job.kind == "index":
+            spec = IndexSpec(**{k: job.spec[k] for k in ("path", "collection", "chunk_tokens", "overlap_tokens")
+                                if k in job.spec})
+            embedder = await asyncio.to_thread(GatewayTextEmbedder, gateway)
+            indexer = Indexer(self.store.collections, self.store.jobs, embedder, job.id, progress,
+                              batch_chunks=self.batch_chunks)
+            outcome = await indexer.run(spec, should_stop=lambda: job.id in self._stop)
+            return outcome.summary() + "".join(f"\n{line}" for line in outcome.failed[:50]), outcome.stopped
+        if job.kind == "prompt":
+            prompt = await expand_prompt(job, self.store.jobs, self.store.collections)
+            return await run_prompt(gateway, job, prompt), False
+        if job.kind == "retention":
+            return await run_retention(self.store.sessions, job), False
+        raise ValueError(f"unknown job kind {job.kind!r}")
+
+    async def _wait_gateway(self) -> Any:
+        while (gateway := self._gateway()) is None:
+            await asyncio.sleep(0.5)
+        return gateway

@@ -1,0 +1,80 @@
+"""What an indexing run has to do: the folder's files, their hashes, and how they differ from the
+documents already committed to the collection (new, changed, unchanged, deleted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from homeai.jobs.parsing import is_supported
+from homeai.store.collections import StoredDocument
+
+
+@dataclass(frozen=True, slots=True)
+class FoundFile:
+    path: Path  # absolute
+    mtime: float
+    size: int
+
+
+@dataclass(slots=True)
+class FolderDiff:
+    unchanged: list[str] = field(default_factory=list)  # paths whose content hash is already committed
+    pending: list[tuple[FoundFile, str, bytes]] = field(default_factory=list)  # new or changed: file, sha, data
+    deleted: list[str] = field(default_factory=list)  # committed paths under the folder that are gone
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def scan_folder(root: Path) -> list[FoundFile]:
+    """Supported files under ``root`` (recursive, sorted by path); hidden files and folders are skipped,
+    symbolic links to folders are not followed."""
+    found: list[FoundFile] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if name.startswith(".") or not is_supported(path):
+                continue
+            try:
+                stat = path.stat()
+            except OSError:  # vanished or unreadable meanwhile
+                continue
+            if path.is_file():
+                found.append(FoundFile(path, stat.st_mtime, stat.st_size))
+    return sorted(found, key=lambda f: str(f.path))
+
+
+def is_under(path: str, root: Path) -> bool:
+    return path == str(root) or path.startswith(str(root).rstrip(os.sep) + os.sep)
+
+
+def deleted_paths(stored: Iterable[str], root: Path, present: set[str]) -> list[str]:
+    """Committed paths under ``root`` with no file any more (paths of other folders are left alone)."""
+    return sorted(p for p in stored if is_under(p, root) and p not in present)
+
+
+def diff_file(file: FoundFile, stored: Mapping[str, StoredDocument], data: bytes) -> str | None:
+    """The content hash if the file must be (re-)indexed, None when the committed hash is the same."""
+    sha = sha256_bytes(data)
+    known = stored.get(str(file.path))
+    return None if known is not None and known.sha256 == sha else sha
+
+
+def diff_folder(root: Path, files: list[FoundFile], stored: Mapping[str, StoredDocument]) -> FolderDiff:
+    """Read every file once (tests and small folders; the indexer reads them one at a time instead)."""
+    result = FolderDiff(deleted=deleted_paths(stored, root, {str(f.path) for f in files}))
+    for file in files:
+        data = file.path.read_bytes()
+        sha = diff_file(file, stored, data)
+        if sha is None:
+            result.unchanged.append(str(file.path))
+        else:
+            result.pending.append((file, sha, data))
+    return result

@@ -1,0 +1,1 @@
+"""Semantic search over the store's collections."""

@@ -1,0 +1,68 @@
+"""Top-k chunks of a collection for a query vector: numpy over a matrix cached per collection.
+
+The cache holds each collection's vectors with the version they were read at; a search first reads the
+collection's version (one indexed row) and loads the matrix again only when a commit bumped it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from homeai.store.collections import Collections, CollectionVectors
+
+THREAD_ABOVE_ROWS = 50_000  # bigger matrices are scored off the event loop
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    text: str
+    score: float
+    document: str
+
+
+def top_k(matrix: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, scores) of the ``k`` best rows by dot product (cosine for unit vectors), best first."""
+    if matrix.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    scores = matrix @ query.astype(np.float32, copy=False)
+    k = min(k, scores.shape[0])
+    best = np.argpartition(-scores, k - 1)[:k]
+    best = best[np.argsort(-scores[best], kind="stable")]
+    return best, scores[best]
+
+
+class SearchIndex:
+    def __init__(self, collections: Collections) -> None:
+        self.collections = collections
+        self._cache: dict[int, CollectionVectors] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self.num_loads = 0  # how often a matrix was (re)loaded (tests, stats)
+
+    async def vectors(self, collection_id: int) -> CollectionVectors:
+        """The collection's vectors, loaded again only when its version moved."""
+        version = await self.collections.version(collection_id)
+        cached = self._cache.get(collection_id)
+        if cached is not None and cached.version == version:
+            return cached
+        async with self._locks.setdefault(collection_id, asyncio.Lock()):
+            cached = self._cache.get(collection_id)
+            if cached is None or cached.version != version:
+                cached = await self.collections.vectors(collection_id)
+                self._cache[collection_id] = cached
+                self.num_loads += 1
+        return cached
+
+    async def search(self, collection_id: int, query: np.ndarray, k: int) -> list[Hit]:
+        data = await self.vectors(collection_id)
+        if data.matrix.shape[0] and data.matrix.shape[1] != query.shape[-1]:
+            raise ValueError(f"the collection's vectors have {data.matrix.shape[1]} dimensions, the query "
+                             f"{query.shape[-1]}: it was indexed with another embedding model")
+        if data.matrix.shape[0] > THREAD_ABOVE_ROWS:
+            rows, scores = await asyncio.to_thread(top_k, data.matrix, query, k)
+        else:
+            rows, scores = top_k(data.matrix, query, k)
+        return [Hit(data.texts[i], float(s), data.documents[i]) for i, s in zip(rows.tolist(), scores.tolist(),
+                                                                                  strict=True)]

@@ -1,0 +1,157 @@
+"""Indexing on a real database: changed files by content hash, deleted files removed, one transaction
+per file, so that a run that dies halfway and a rerun give exactly the chunks of one clean run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from indexing_helpers import FakeEmbedder
+from sqlalchemy import func, select
+
+from homeai.jobs.indexer import Indexer, IndexSpec, JobError
+from homeai.store.db import Store
+from homeai.store.tables import ChunkRow, DocumentRow
+
+SPEC_SIZE, SPEC_OVERLAP = 6, 2
+
+
+def write_folder(root: Path, num_files: int = 12) -> None:
+    for i in range(num_files):
+        sub = root / f"part{i % 3}"
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"doc{i:02d}.txt").write_text(" ".join(f"file{i}-word{j}" for j in range(3 + i * 2)))
+
+
+def spec(root: Path, collection: str = "docs") -> IndexSpec:
+    return IndexSpec(str(root), collection, SPEC_SIZE, SPEC_OVERLAP)
+
+
+async def chunk_set(store: Store, collection: str) -> list[tuple[str, int, str]]:
+    """(document path, ordinal, text) of every chunk, sorted; duplicates would show twice."""
+    cid = await store.collections.find(collection)
+    assert store.sessions is not None
+    async with store.sessions() as session:
+        rows = await session.execute(
+            select(DocumentRow.path, ChunkRow.ordinal, ChunkRow.text).join(ChunkRow.__table__,
+                                                                           ChunkRow.document_id == DocumentRow.id)
+            .where(DocumentRow.collection_id == cid))
+        return sorted((p, o, t) for p, o, t in rows)
+
+
+async def num_rows(store: Store, table: type) -> int:
+    assert store.sessions is not None
+    async with store.sessions() as session:
+        return int(await session.scalar(select(func.count()).select_from(table)) or 0)
+
+
+async def test_index_then_nothing_to_do(store: Store, embedder: FakeEmbedder, tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    write_folder(root)
+    indexer = Indexer(store.collections, None, embedder, batch_chunks=4)
+    outcome = await indexer.run(spec(root))
+    chunks = await chunk_set(store, "docs")
+    assert outcome.num_indexed == 12 and outcome.num_chunks == len(chunks) > 12
+    assert indexer.progress.done_chunks == indexer.progress.total_chunks == len(chunks)
+    assert all(len(b) <= 4 for b in embedder.batches)
+    again = await Indexer(store.collections, None, embedder).run(spec(root))
+    assert (again.num_indexed, again.num_unchanged, again.num_removed) == (0, 12, 0)
+    assert await chunk_set(store, "docs") == chunks
+
+
+async def test_changed_file_is_reindexed_and_deleted_file_removed(store: Store, embedder: FakeEmbedder,
+                                                                  tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    write_folder(root)
+    await Indexer(store.collections, None, embedder).run(spec(root))
+    cid = await store.collections.find("docs")
+    assert cid is not None
+    version = await store.collections.version(cid)
+    changed, deleted = root / "part0" / "doc03.txt", root / "part1" / "doc01.txt"
+    changed.write_text("completely new words here")
+    deleted.unlink()
+    outcome = await Indexer(store.collections, None, embedder).run(spec(root))
+    assert (outcome.num_indexed, outcome.num_removed, outcome.num_unchanged) == (1, 1, 10)
+    chunks = await chunk_set(store, "docs")
+    assert [c for c in chunks if c[0] == str(changed)] == [(str(changed), 0, "completely new words here")]
+    assert not any(c[0] == str(deleted) for c in chunks)
+    assert await store.collections.version(cid) == version + 2  # one commit, one removal
+    assert await num_rows(store, ChunkRow) == len(chunks)  # the old chunks of the changed file are gone
+
+
+async def test_other_folders_in_the_collection_stay(store: Store, embedder: FakeEmbedder, tmp_path: Path) -> None:
+    write_folder(tmp_path / "a", 3)
+    write_folder(tmp_path / "ab", 2)  # a sibling whose name starts like the first one
+    await Indexer(store.collections, None, embedder).run(spec(tmp_path / "a"))
+    await Indexer(store.collections, None, embedder).run(spec(tmp_path / "ab"))
+    outcome = await Indexer(store.collections, None, embedder).run(spec(tmp_path / "a"))
+    assert outcome.num_removed == 0
+    docs = await store.collections.documents(await store.collections.ensure("docs"))
+    assert len(docs) == 5
+
+
+async def test_a_crash_mid_run_then_a_rerun_equals_a_clean_run(store: Store, tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    write_folder(root, 30)
+    await Indexer(store.collections, None, FakeEmbedder()).run(spec(root, "clean"))
+    crashing = FakeEmbedder(fail_after=3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        await Indexer(store.collections, None, crashing, batch_chunks=4, max_in_flight=2).run(spec(root, "crashy"))
+    partial = await chunk_set(store, "crashy")
+    assert 0 < len({p for p, _, _ in partial}) < 30
+    resumed = FakeEmbedder()
+    outcome = await Indexer(store.collections, None, resumed, batch_chunks=4).run(spec(root, "crashy"))
+    assert outcome.num_unchanged == len({p for p, _, _ in partial})
+    assert await chunk_set(store, "crashy") == await chunk_set(store, "clean")
+    redone = {t for batch in resumed.batches for t in batch}
+    assert not redone & {t for _, _, t in partial}  # committed files were not embedded again
+
+
+async def test_pause_stops_between_batches_and_resume_finishes(store: Store, tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    write_folder(root, 20)
+    embedder = FakeEmbedder()
+    first = Indexer(store.collections, None, embedder, batch_chunks=4)
+    outcome = await first.run(spec(root), should_stop=lambda: len(embedder.batches) >= 2)
+    assert outcome.stopped and 0 < outcome.num_indexed < 20
+    assert first.progress.done_chunks < first.progress.total_chunks
+    rest = await Indexer(store.collections, None, FakeEmbedder(), batch_chunks=4).run(spec(root))
+    assert not rest.stopped and rest.num_indexed + outcome.num_indexed == 20
+
+
+async def test_progress_is_committed_with_each_file(store: Store, embedder: FakeEmbedder, tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    write_folder(root, 5)
+    job = await store.jobs.create("index", {"path": str(root), "collection": "docs"}, None, "test")
+    indexer = Indexer(store.collections, store.jobs, embedder, job.id)
+    await indexer.run(spec(root))
+    found = await store.jobs.get(job.id)
+    assert found is not None
+    assert (found.done_files, found.total_files) == (5, 5)
+    assert found.done_chunks == found.total_chunks == indexer.progress.total_chunks > 0
+
+
+async def test_unreadable_files_and_missing_folder(store: Store, embedder: FakeEmbedder, tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    (root / "ok.md").write_text("fine text")
+    outcome = await Indexer(store.collections, None, embedder).run(spec(root))
+    assert outcome.num_indexed == 2 and len(outcome.failed) == 1 and "broken.pdf" in outcome.failed[0]
+    assert [c[2] for c in await chunk_set(store, "docs")] == ["fine text"]
+    again = await Indexer(store.collections, None, embedder).run(spec(root))
+    assert again.num_unchanged == 2  # the broken file is not retried until it changes
+    with pytest.raises(JobError, match="not a folder"):
+        await Indexer(store.collections, None, embedder).run(spec(tmp_path / "missing"))
+
+
+async def test_vectors_round_trip_as_float32(store: Store, embedder: FakeEmbedder, tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    write_folder(root, 2)
+    await Indexer(store.collections, None, embedder).run(spec(root))
+    cid = await store.collections.find("docs")
+    assert cid is not None
+    data = await store.collections.vectors(cid)
+    assert data.matrix.dtype == np.float32 and data.matrix.shape == (len(data.texts), embedder.dim)
+    np.testing.assert_allclose(np.linalg.norm(data.matrix, axis=1), 1.0, rtol=1e-5)

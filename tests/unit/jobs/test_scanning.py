@@ -1,0 +1,54 @@
+"""Folder scans, content hashes, and which committed documents are new, changed, unchanged or gone."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from homeai.jobs.scanning import deleted_paths, diff_folder, is_under, scan_folder, sha256_bytes
+from homeai.store.collections import StoredDocument
+
+
+def make_tree(root: Path) -> None:
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    (root / "a.txt").write_text("alpha")
+    (root / "sub" / "b.md").write_text("beta")
+    (root / "sub" / "deeper" / "c.html").write_text("<p>gamma</p>")
+    (root / "image.png").write_bytes(b"\x89PNG")
+    (root / ".secret.txt").write_text("hidden")
+    (root / ".hidden" / "d.txt").write_text("hidden")
+
+
+def test_scan_is_recursive_sorted_and_skips_hidden_and_unsupported(tmp_path: Path) -> None:
+    make_tree(tmp_path)
+    found = [f.path.relative_to(tmp_path).as_posix() for f in scan_folder(tmp_path)]
+    assert found == ["a.txt", "sub/b.md", "sub/deeper/c.html"]
+
+
+def test_hash_is_sha256_of_the_content() -> None:
+    assert sha256_bytes(b"abc") == hashlib.sha256(b"abc").hexdigest()
+
+
+def test_new_changed_unchanged_and_deleted(tmp_path: Path) -> None:
+    make_tree(tmp_path)
+    files = scan_folder(tmp_path)
+    a, b, c = (str(f.path) for f in files)
+    stored = {
+        a: StoredDocument(1, sha256_bytes(b"alpha"), 1),  # unchanged
+        b: StoredDocument(2, sha256_bytes(b"old beta"), 1),  # changed
+        str(tmp_path / "gone.txt"): StoredDocument(3, "x", 1),  # deleted
+        str(tmp_path) + "-other/e.txt": StoredDocument(4, "x", 1),  # another folder's: left alone
+    }
+    diff = diff_folder(tmp_path, files, stored)
+    assert diff.unchanged == [a]
+    assert [(str(f.path), sha) for f, sha, _ in diff.pending] == [
+        (b, sha256_bytes(b"beta")), (c, sha256_bytes(b"<p>gamma</p>"))]
+    assert diff.deleted == [str(tmp_path / "gone.txt")]
+
+
+def test_is_under_needs_a_separator() -> None:
+    root = Path("/data/docs")
+    assert is_under("/data/docs/a.txt", root) and is_under("/data/docs/x/y.md", root)
+    assert not is_under("/data/docs2/a.txt", root) and not is_under("/data/doc", root)
+    assert deleted_paths(["/data/docs/a", "/data/docs2/b"], root, set()) == ["/data/docs/a"]
