@@ -111,7 +111,11 @@ class ClassScheduler(StepScheduler):
                               timeout_override_us=seq.extra.get("timeout_us"), cost=seq.num_prompt_tokens,
                               payload=seq)
             newly = state.queue.num_queued_for(seq.user) == 0
-            state.queue.push(item, self.clock.now() if now is None else now)
+            now = self.clock.now() if now is None else now
+            try:
+                state.queue.push(item, now)
+            finally:
+                self._expire(now)  # push applies timeouts: fail those now, not in limbo until the next step
             if newly:
                 state.vtc.on_backlogged(seq.user, state.queue.users_queued())
             seq.arrival_s = item.arrival_s
@@ -161,8 +165,9 @@ class ClassScheduler(StepScheduler):
             self._interactive_now = self.interactive_active(now)
             self._prefill_used: dict[str, int] = {}
             plan = StepPlan()
-            budget = self._schedule_running(plan, self.max_num_batched_tokens)
-            self._admit(plan, budget, now)
+            self._shed_over_limits(plan)
+            self._schedule_running(plan, self.max_num_batched_tokens)
+            self._admit(plan, now)
             self._record_shares(plan)
             return plan
 
@@ -205,12 +210,18 @@ class ClassScheduler(StepScheduler):
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         bm = self.block_manager
         scheduled: set[int] = set()
-        for seq in sorted(self.running, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id)):
+        order = sorted(self.running, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id))
+        decodes_left = sum(s.num_pending_tokens == 1 for s in order)
+        for seq in order:
             if budget <= 0:
                 break
+            decodes_left -= seq.num_pending_tokens == 1
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(seq.num_pending_tokens, budget, self._chunk_cap(seq))
+            # A prompt chunk leaves one token for every decode planned after it: chunked prefill must
+            # never make a running decode wait, whichever class the long prompt belongs to.
+            reserve = 0 if seq.num_pending_tokens == 1 else decodes_left
+            n = max(0, min(seq.num_pending_tokens, budget - reserve, self._chunk_cap(seq)))
             if n == 0:
                 continue
             while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
@@ -227,6 +238,19 @@ class ClassScheduler(StepScheduler):
             scheduled.add(seq.seq_id)
             budget -= n
         return budget
+
+    def _shed_over_limits(self, plan: StepPlan) -> None:
+        """A policy swap may lower max_num_seqs or a class's max_running below what runs: the excess
+        (least important, newest first) goes back to the head of its queue, so the limits hold now."""
+        for state in self.classes.values():
+            cap = state.policy.max_running
+            while cap is not None and state.num_running > cap:
+                mine = [s for s in self.running if s.class_name == state.name]
+                self._preempt(max(mine, key=lambda s: (s.arrival_s, s.seq_id)), plan)
+        while len(self.running) > self.max_num_seqs:
+            victim = self._victim(exclude=set(), max_rank=None)
+            assert victim is not None
+            self._preempt(victim, plan)
 
     def _victim(self, exclude: set[int], max_rank: int | None) -> Sequence | None:
         """The least important running sequence (newest first), of rank above ``max_rank`` if given."""
@@ -246,51 +270,61 @@ class ClassScheduler(StepScheduler):
         seq.num_preemptions += 1
         self.num_preemptions += 1
         plan.preempted.append(seq.seq_id)
-        state.queue.requeue_front(seq.extra["item"])
+        for chunk in [c for c in plan.chunks if c.seq_id == seq.seq_id]:  # planned earlier this step
+            plan.chunks.remove(chunk)
+            if chunk.num_tokens > 1:
+                self._prefill_used[seq.class_name] -= chunk.num_tokens
+        item = seq.extra["item"]
+        item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
+        state.queue.requeue_front(item)
 
     def _admission_order(self) -> list[LLMClassState]:
-        def key(c: LLMClassState) -> tuple[int, int]:
-            starved = c.policy.background and c.policy.min_share > 0 and len(c.queue) > 0 \
-                and self._share(c) < c.policy.min_share
-            return (-1 if starved else c.rank, c.policy.priority)
-        return sorted(self.classes.values(), key=key)
+        return sorted(self.classes.values(), key=lambda c: (-1 if self._starved(c) else c.rank, c.policy.priority))
+
+    def _starved(self, c: LLMClassState) -> bool:
+        return c.policy.background and c.policy.min_share > 0 and len(c.queue) > 0 \
+            and self._share(c) < c.policy.min_share
 
     def _share(self, state: LLMClassState) -> float:
         total = sum(sum(c.recent) for c in self.classes.values())
         return sum(state.recent) / total if total else 0.0
 
-    def _admit(self, plan: StepPlan, budget: int, now: float) -> None:
+    def _admit(self, plan: StepPlan, now: float) -> None:
         bm = self.block_manager
-        scheduled = {c.seq_id for c in plan.chunks}
         for state in self._admission_order():
+            starved = self._starved(state)
             cap = state.policy.max_running
-            while budget > 0 and (cap is None or state.num_running < cap):
+            while (budget := self.max_num_batched_tokens - plan.num_tokens) > 0 \
+                    and (cap is None or state.num_running < cap):
                 item = state.queue.peek_for_admission(now, state.vtc.pick)
                 if item is None:
                     break
                 seq: Sequence = item.payload
                 n = min(seq.num_pending_tokens, budget, self._chunk_cap(seq))
-                if n == 0:
+                if n == 0 or seq.seq_id in plan.preempted:  # preempted this step: not back in it
                     break
-                if not self._make_room(seq, n, state.rank, scheduled, plan):
+                if not self._make_room(seq, n, state.rank, plan):
                     break
                 state.queue.take(item, now)
                 if state.queue.num_queued_for(seq.user) == 0:
                     state.vtc.on_drained(seq.user)
                 bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
                 seq.status = SequenceStatus.RUNNING
+                # Admitted for its min_share: keeps its slot until it finishes, or more important
+                # admissions would preempt it again and again and the share would buy no progress.
+                seq.extra["min_share"] = starved
                 self.running.append(seq)
                 state.num_running += 1
                 self._take_tokens(plan, seq, n)
-                scheduled.add(seq.seq_id)
-                budget -= n
 
-    def _make_room(self, seq: Sequence, n: int, rank: int, scheduled: set[int], plan: StepPlan) -> bool:
+    def _make_room(self, seq: Sequence, n: int, rank: int, plan: StepPlan) -> bool:
         """Free a sequence slot and KV blocks for an admission, preempting strictly less important
-        classes only; False when that is not enough (the request keeps its place in the queue)."""
+        classes only (even if already planned this step: their chunk is dropped), never one admitted for
+        its class's min_share; False when that is not enough (the request keeps its place)."""
         bm = self.block_manager
+        protected = {s.seq_id for s in self.running if s.extra.get("min_share")}
         while len(self.running) >= self.max_num_seqs or not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-            victim = self._victim(exclude=scheduled, max_rank=rank)
+            victim = self._victim(exclude=protected, max_rank=rank)
             if victim is None:
                 return False
             self._preempt(victim, plan)
