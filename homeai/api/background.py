@@ -7,6 +7,7 @@ Starts after the engine (jobs talk to the gateway) and stops before it: runs are
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,8 @@ from homeai.search.matrix_cache import SearchIndex
 from homeai.store.request_log import RequestLogWriter
 
 log = logging.getLogger(__name__)
+
+BATCH_CHUNKS_ENV = "HOMEAI_INDEX_BATCH_CHUNKS"  # chunks per indexing request (default 32)
 
 
 @asynccontextmanager
@@ -33,7 +36,7 @@ async def background_lifespan(app: Litestar) -> AsyncIterator[None]:
     listeners = getattr(recorder, "listeners", None)
     if listeners is not None:
         listeners.append(writer.submit)
-    manager = JobManager(store, lambda: state.get("gateway"))
+    manager = JobManager(store, lambda: state.get("gateway"), batch_chunks=int(os.environ.get(BATCH_CHUNKS_ENV, "32")))
     await manager.start()
     state.jobs = manager
     state.search = SearchIndex(store.collections)

@@ -6,6 +6,7 @@ the server migrates on its own async engine: no second driver, no second engine.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -15,6 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin at every start
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
