@@ -10,6 +10,7 @@ and publishes the step's token deltas to the consumers' event loops.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -87,7 +88,7 @@ class LLMEngine:
                                f"(prompt + at least 1 output token)")
         if params.max_tokens < 1:
             raise RequestError("max_tokens must be at least 1")
-        params.max_tokens = min(params.max_tokens, self.max_model_len - n)
+        params = dataclasses.replace(params, max_tokens=min(params.max_tokens, self.max_model_len - n))
         bm = self.scheduler.block_manager
         if bm.blocks_needed(n + params.max_tokens) > bm.num_blocks:
             raise RequestError(f"prompt + max_tokens ({n + params.max_tokens}) exceed the KV cache "
