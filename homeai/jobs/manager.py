@@ -44,7 +44,7 @@ def aps_id(job_id: int) -> str:
 
 def job_store(sync_url: str) -> SQLAlchemyJobStore:
     """APScheduler's table in the same database, through a blocking driver with short timeouts."""
-    connect_args = {"timeout": 15} if sync_url.startswith("sqlite") else {"connect_timeout": 5}
+    connect_args = {"timeout": 15} if sync_url.startswith("sqlite") else {"connect_timeout": 2}
     return SQLAlchemyJobStore(url=sync_url, engine_options={"connect_args": connect_args, "pool_pre_ping": True})
 
 

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin at every start
+# Alembic logs a line per plugin as it is first imported (below, lazily): not worth a line at every start.
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if connection is not None:
@@ -29,12 +32,18 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 def upgrade_head(connection: Connection) -> None:
     """Bring the schema to the newest revision (inside the caller's transaction)."""
+    from alembic import command
+
     command.upgrade(alembic_config(connection), "head")
 
 
 def current_revision(connection: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(connection).get_current_revision()
 
 
 def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
