@@ -84,7 +84,7 @@ async def create_job(request: Request[Any, Any, Any], data: JSONBody[JobCreate])
 @get("/jobs", summary="Every job with its state and progress")
 async def list_jobs(request: Request[Any, Any, Any]) -> JobList:
     manager = _manager(request)
-    return JobList([await job_view(manager, job) for job in await manager.store.jobs.list()])
+    return JobList([await job_view(manager, job) for job in await manager.store.jobs.all()])
 
 
 @get("/jobs/{job_id:int}", summary="One job: progress (done/total chunks, rate, ETA), state, recent runs")

@@ -84,7 +84,7 @@ class JobManager:
         """Restart what a dead process left: running jobs, one-off jobs never started, lost schedules."""
         jobs = self.store.jobs
         await jobs.interrupt_stale_runs()
-        for job in await jobs.list(states=["running", "queued"]):
+        for job in await jobs.all(states=["running", "queued"]):
             if job.schedule and self.scheduler.get_job(aps_id(job.id)) is None and job.state == "queued":
                 self._schedule(job)
             if job.state == "running" or not job.schedule:
@@ -182,8 +182,9 @@ class JobManager:
         if job is None or job.state == "paused":
             return
         gateway = await self._wait_gateway()
-        self._stop.discard(job_id)
-        await jobs.set_state(job_id, "running", started_at=utcnow(), finished_at=None, error=None)
+        if not await jobs.set_state(job_id, "running", only_from=["queued", "running", "done", "failed"],
+                                    started_at=utcnow(), finished_at=None, error=None):
+            return  # paused (or deleted) meanwhile
         run_id = await jobs.start_run(job_id)
         progress = self._progress[job_id] = Progress()
         try:

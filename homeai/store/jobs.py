@@ -77,7 +77,7 @@ class Jobs:
             row = await session.get(JobRow, job_id)
             return JobInfo.from_row(row) if row is not None else None
 
-    async def list(self, states: Sequence[str] | None = None) -> list[JobInfo]:
+    async def all(self, states: Sequence[str] | None = None) -> list[JobInfo]:
         query = select(JobRow).order_by(JobRow.id)
         if states is not None:
             query = query.where(JobRow.state.in_(list(states)))
