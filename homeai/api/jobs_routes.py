@@ -40,6 +40,7 @@ from homeai.search.matrix_cache import SearchIndex
 from homeai.store.jobs import JobInfo
 
 SEARCH_CLASS = "embedding"
+MAX_JOB_ID = 2**31 - 1  # larger ids cannot exist (and overflow the database's INTEGER)
 
 
 def _manager(request: Request[Any, Any, Any]) -> JobManager:
@@ -65,7 +66,7 @@ async def job_view(manager: JobManager, job: JobInfo, num_runs: int = 0) -> JobV
 
 
 async def _job(manager: JobManager, job_id: int) -> JobInfo:
-    job = await manager.store.jobs.get(job_id)
+    job = await manager.store.jobs.get(job_id) if 0 < job_id <= MAX_JOB_ID else None
     if job is None:
         raise NotFound(f"no job with id {job_id}", param="id")
     return job

@@ -101,10 +101,14 @@ def _name(value: str | None, param: str) -> str:
 def _index_spec(body: JobCreate) -> dict[str, Any]:
     if not body.path or not body.path.strip():
         raise BadRequest("'path' is required: a folder on the server", param="path")
-    folder = Path(body.path).expanduser()
+    try:
+        folder = Path(body.path).expanduser()
+        is_dir = folder.is_absolute() and folder.is_dir()
+    except (OSError, ValueError, RuntimeError) as e:  # a NUL byte, an unknown ~user ...
+        raise BadRequest(f"'path' is not a usable path: {e}", param="path") from None
     if not folder.is_absolute():
         raise BadRequest(f"'path' must be absolute, got {body.path!r}", param="path")
-    if not folder.is_dir():
+    if not is_dir:
         raise BadRequest(f"'path' {body.path!r} is not a folder on the server", param="path")
     spec: dict[str, Any] = {"path": str(folder.resolve()), "collection": _name(body.collection, "collection")}
     if body.chunk_tokens is not None:

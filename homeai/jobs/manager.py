@@ -86,7 +86,10 @@ class JobManager:
         await jobs.interrupt_stale_runs()
         for job in await jobs.all(states=["running", "queued"]):
             if job.schedule and self.scheduler.get_job(aps_id(job.id)) is None and job.state == "queued":
-                self._schedule(job)
+                try:
+                    self._schedule(job)
+                except ValueError as e:  # a one-time schedule that passed while the server was down
+                    log.warning("job %d: schedule %r not restored: %s", job.id, job.schedule, e)
             if job.state == "running" or not job.schedule:
                 log.info("resuming job %d (%s)", job.id, job.kind)
                 self.launch(job.id)

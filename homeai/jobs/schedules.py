@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
@@ -22,7 +22,18 @@ MIN_INTERVAL_S = 1.0
 
 def parse_schedule(text: str) -> BaseTrigger:
     """A trigger for ``text``; ValueError says what is wrong with it."""
-    value = text.strip()
+    try:
+        trigger = _parse(text.strip())
+        if trigger.get_next_fire_time(None, datetime.now(UTC)) is None:
+            raise ValueError("it never fires")
+        return trigger
+    except ValueError:
+        raise
+    except (OverflowError, TypeError, LookupError) as e:  # a number too large for a date, say
+        raise ValueError(f"out of range: {e}") from None
+
+
+def _parse(value: str) -> BaseTrigger:
     match = _INTERVAL.match(value)
     if match:
         seconds = float(match.group(1)) * _UNIT_S[match.group(2).lower()]
@@ -31,9 +42,12 @@ def parse_schedule(text: str) -> BaseTrigger:
         return IntervalTrigger(seconds=seconds)
     if re.match(r"^\d{4}-\d{2}-\d{2}", value):
         try:
-            return DateTrigger(run_date=datetime.fromisoformat(value))
+            trigger = DateTrigger(run_date=datetime.fromisoformat(value))
         except ValueError as e:
             raise ValueError(f"not an ISO 8601 time: {e}") from e
+        if trigger.run_date < datetime.now(UTC):
+            raise ValueError(f"{value} is in the past")
+        return trigger
     if len(value.split()) == 5:
         try:
             return CronTrigger.from_crontab(value)

@@ -67,6 +67,7 @@ async def client(app: Litestar) -> AsyncIterator[AsyncTestClient[Litestar]]:
     ({"kind": "backup"}, "kind"),
     ({"kind": "index", "collection": "c"}, "path"),
     ({"kind": "index", "path": "relative/docs", "collection": "c"}, "path"),
+    ({"kind": "index", "path": "/tmp/\u0000x", "collection": "c"}, "path"),
     ({"kind": "index", "path": "/definitely/not/here", "collection": "c"}, "path"),
     ({"kind": "index", "path": "/", "collection": " "}, "collection"),
     ({"kind": "index", "path": "/", "collection": "c", "chunk_tokens": 4}, "chunk_tokens"),
@@ -100,9 +101,10 @@ async def test_scheduled_job_lifecycle(client: AsyncTestClient[Litestar]) -> Non
     r = await client.post(f"/v1/jobs/{job['id']}/resume")
     assert r.status_code == 400 and r.json()["error"]["param"] == "id"
     assert (await client.delete(f"/v1/jobs/{job['id']}")).json() == {"id": job["id"], "deleted": True}
-    for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/pause"), ("POST", "/resume")):
-        r = await client.request(method, f"/v1/jobs/{job['id']}{path}")
-        assert r.status_code == 404 and r.json()["error"]["param"] == "id"
+    for job_id in (job["id"], 0, 2**40):
+        for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/pause"), ("POST", "/resume")):
+            r = await client.request(method, f"/v1/jobs/{job_id}{path}")
+            assert r.status_code == 404 and r.json()["error"]["param"] == "id"
 
 
 async def test_index_job_is_stored_with_an_absolute_path(client: AsyncTestClient[Litestar], tmp_path: Path) -> None:

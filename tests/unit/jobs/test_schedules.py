@@ -20,7 +20,8 @@ def test_forms() -> None:
     assert isinstance(parse_schedule("2030-06-01T03:00"), DateTrigger)
 
 
-@pytest.mark.parametrize("text", ["", "sometimes", "0 7 * *", "61 7 * * *", "every 0s", "2030-13-01T00:00"])
+@pytest.mark.parametrize("text", ["", "sometimes", "0 7 * *", "61 7 * * *", "every 0s", "2030-13-01T00:00",
+                                  "2001-01-01T00:00", "99999999999999999999999d", "0 0 31 2 *"])
 def test_bad_schedules(text: str) -> None:
     with pytest.raises(ValueError):
         parse_schedule(text)
