@@ -49,6 +49,13 @@ class IndexSpec:
     chunk_tokens: int = DEFAULT_SIZE_TOKENS
     overlap_tokens: int = DEFAULT_OVERLAP_TOKENS
 
+    def folder(self) -> Path:
+        """The absolute folder; JobError when it is not one (any more)."""
+        root = Path(self.path).expanduser().resolve()
+        if not root.is_dir():
+            raise JobError(f"path {str(root)!r} is not a folder")
+        return root
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -91,9 +98,7 @@ class Indexer:
         self._cached_chars = 0
 
     async def run(self, spec: IndexSpec, should_stop: Callable[[], bool] = lambda: False) -> IndexOutcome:
-        root = Path(spec.path).expanduser().resolve()
-        if not root.is_dir():
-            raise JobError(f"path {str(root)!r} is not a folder")
+        root = spec.folder()
         size = min(spec.chunk_tokens, self.embedder.max_chunk_tokens)
         overlap = min(spec.overlap_tokens, size - 1)
         cid = await self.collections.ensure(spec.collection)

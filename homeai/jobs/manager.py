@@ -209,6 +209,7 @@ class JobManager:
         if job.kind == "index":
             spec = IndexSpec(**{k: job.spec[k] for k in ("path", "collection", "chunk_tokens", "overlap_tokens")
                                 if k in job.spec})
+            spec.folder()  # a missing folder fails the run before the embedding model is looked up
             embedder = await asyncio.to_thread(GatewayTextEmbedder, gateway)
             indexer = Indexer(self.store.collections, self.store.jobs, embedder, job.id, progress,
                               batch_chunks=self.batch_chunks)

@@ -1,0 +1,60 @@
+"""The job manager on a real database: schedules live in APScheduler's persistent store and survive a
+restart; a job a dead process left "running" runs again at start; pause holds a schedule."""
+
+from __future__ import annotations
+
+import asyncio
+
+from homeai.jobs.manager import JobManager, aps_id
+from homeai.store.db import Store
+
+
+async def wait_state(store: Store, job_id: int, state: str, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while (job := await store.jobs.get(job_id)) is None or job.state != state:
+            await asyncio.sleep(0.02)
+
+
+async def test_schedules_survive_a_restart(store: Store) -> None:
+    first = JobManager(store, lambda: None)
+    await first.start()
+    job = await first.add("retention", {"days": 30}, "0 3 * * *", "test")
+    next_run = first.next_run_at(job.id)
+    assert next_run is not None
+    await first.shutdown()
+    second = JobManager(store, lambda: None)
+    await second.start()
+    try:
+        assert second.scheduler.get_job(aps_id(job.id)) is not None
+        assert second.next_run_at(job.id) == next_run
+        assert await second.pause(job.id) and second.next_run_at(job.id) is None
+        assert await second.resume(job.id) and second.next_run_at(job.id) == next_run
+    finally:
+        await second.shutdown()
+
+
+async def test_a_job_left_running_by_a_dead_process_runs_again(store: Store) -> None:
+    job = await store.jobs.create("retention", {"days": 30}, None, "test")
+    await store.jobs.set_state(job.id, "running")
+    await store.jobs.start_run(job.id)  # the run the dead process never finished
+    manager = JobManager(store, lambda: object())
+    await manager.start()
+    try:
+        await wait_state(store, job.id, "done")
+    finally:
+        await manager.shutdown()
+    runs = await store.jobs.runs(job.id)
+    assert [r.state for r in runs] == ["done", "interrupted"]
+    assert runs[0].output == "deleted 0 request-log rows older than 30 days"
+
+
+async def test_a_failing_job_is_failed_with_its_error(store: Store) -> None:
+    manager = JobManager(store, lambda: object())
+    await manager.start()
+    try:
+        job = await manager.add("index", {"path": "/definitely/not/here", "collection": "c"}, None, "test")
+        await wait_state(store, job.id, "failed")
+    finally:
+        await manager.shutdown()
+    found = await store.jobs.get(job.id)
+    assert found is not None and found.error is not None and "not a folder" in found.error
