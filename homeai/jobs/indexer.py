@@ -109,7 +109,7 @@ class Indexer:
         outcome.num_removed = await self.collections.remove_documents(cid, gone)
         pending = await self._plan(files, stored, size, overlap, outcome)
         await self._save_progress()
-        self.progress.phase = "indexing"
+        self.progress.begin_indexing()
         outcome.stopped = await self._index(cid, pending, size, overlap, outcome, should_stop)
         if not outcome.stopped:
             self.progress.phase = "done"

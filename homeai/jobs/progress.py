@@ -26,6 +26,11 @@ class Progress:
     def __post_init__(self) -> None:
         self.started_s = self.clock()
 
+    def begin_indexing(self) -> None:
+        """Planning is over: the rate counts from now (reading and hashing files embeds nothing)."""
+        self.phase = "indexing"
+        self.started_s = self.clock()
+
     def add(self, num_chunks: int, num_files: int = 1) -> None:
         self.done_chunks += num_chunks
         self.done_files += num_files
