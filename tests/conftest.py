@@ -7,6 +7,8 @@ second local test run finds both models already converted and pays nothing.
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as homeai/__init__.py does, before anything imports torch
 from pathlib import Path
 
 import pytest
