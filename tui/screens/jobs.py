@@ -42,7 +42,7 @@ def job_fields(job: dict[str, Any]) -> dict[str, Any]:
                     return source[name]
         return None
 
-    args: dict[str, Any] = a if isinstance(a := job.get("args"), dict) else {}
+    args: dict[str, Any] = a if isinstance(a := job.get("spec") or job.get("args"), dict) else {}
     target = job.get("path") or args.get("path") or job.get("name") or job.get("collection") or ""
     return {"done": pick("done", "done_chunks", "completed"), "total": pick("total", "total_chunks"),
             "rate": pick("rate", "rate_per_s", "chunks_per_s"), "eta_s": pick("eta_s", "eta"),
