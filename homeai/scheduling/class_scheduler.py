@@ -125,14 +125,6 @@ class ClassScheduler(StepScheduler):
             seq.extra["item"] = item
             self.seqs[seq.seq_id] = seq
 
-    def abort(self, request_id: str) -> Sequence | None:
-        with self.lock:
-            for seq in list(self.seqs.values()):
-                if seq.request_id == request_id:
-                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
-                    return seq
-            return None
-
     def _forget(self, seq: Sequence) -> None:
         state = self.classes.get(seq.class_name)
         if seq in self.running:

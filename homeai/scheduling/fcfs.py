@@ -46,14 +46,6 @@ class FCFSScheduler(StepScheduler):
             self.seqs[seq.seq_id] = seq
             self.waiting.append(seq)
 
-    def abort(self, request_id: str) -> Sequence | None:
-        with self.lock:
-            for seq in list(self.seqs.values()):
-                if seq.request_id == request_id:
-                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
-                    return seq
-            return None
-
     def _forget(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)

@@ -32,9 +32,14 @@ class StepScheduler(ABC):
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence (it has no KV yet)."""
 
-    @abstractmethod
     def abort(self, request_id: str) -> Sequence | None:
         """Drop a sequence wherever it is; its KV blocks go back to the pool at once."""
+        with self.lock:
+            for seq in list(self.seqs.values()):
+                if seq.request_id == request_id:
+                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+                    return seq
+            return None
 
     @abstractmethod
     def schedule(self) -> StepPlan:
