@@ -29,12 +29,17 @@ def _fmt(v: Any) -> str:
     return f"{v * 1000:.0f}ms" if isinstance(v, float) else str(v)
 
 
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def print_table(report: dict[str, Any]) -> None:
     variants = {"ours": report, **report["baselines"]}
-    print(f"household mix, {report['horizon_s']:.0f} s virtual, cost profile {report['profile']}")
+    print(f"household mix, {report['horizon_s']:.0f} s per run, device: {report['profile']}")
     for name, fig in variants.items():
-        print(f"\n== {name}: voice_ttft_p99_ratio={fig['voice_ttft_p99_ratio']:.2f} "
-              f"background_throughput_ratio={fig['background_throughput_ratio']:.2f} jain_chat={fig['jain_chat']:.3f}")
+        print(f"\n== {name}: voice_ttft_p99_ratio={_num(fig['voice_ttft_p99_ratio'])} "
+              f"background_throughput_ratio={_num(fig['background_throughput_ratio'])} "
+              f"jain_chat={_num(fig['jain_chat'])}")
         print(f"{'class':<10} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>9} "
               f"{'done':>6} {'rej':>5}")
         for cls, c in fig["classes"].items():

@@ -19,6 +19,8 @@ def add_bench_commands(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true", help="few short requests: a smoke test, not a measurement")
     p.add_argument("--max-tokens", type=int, default=16, help="with --quick: uniform output length")
     p.add_argument("--threads", type=int, help="torch CPU threads (default HOMEAI_CPU_THREADS or all cores)")
+    p.add_argument("--trace", choices=["household"], help="instead: the household mix, shortened, ours vs FIFO")
+    p.add_argument("--horizon", type=float, default=30.0, help="with --trace: seconds per run (6 runs)")
     p.set_defaults(func=cmd_bench_engine)
 
     from homeai.bench.calibrate import add_calibrate_arguments, run_calibrate
@@ -55,6 +57,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     if entry.kind != "llm":
         print(f"error: {args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
         return 2
+    if args.trace:
+        return _household_engine(args, folder, log=lambda m: print(m, file=sys.stderr, flush=True))
     cfg = BenchConfig.quick(concurrency, args.max_tokens) if args.quick else BenchConfig(concurrency)
     def log(msg: str) -> None:  # progress lines; with --json they go to stderr so stdout stays one object
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -65,4 +69,20 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=None))
     else:
         print(format_bounds(out))
+    return 0
+
+
+def _household_engine(args: argparse.Namespace, llm_folder: Any, log: Any) -> int:
+    from homeai.bench.household_engine import run_household_engine
+    from homeai.bench.sim_bench import DEFAULT_POLICY, print_table
+    from homeai.repository.cache import default_cache_dir
+    from homeai.repository.entries import get_entry
+    from homeai.repository.pull import pull
+
+    embed_folder = pull(get_entry("all-minilm-l6-v2"), default_cache_dir(), progress=not args.json)
+    report = run_household_engine(DEFAULT_POLICY, llm_folder, embed_folder, "all-minilm-l6-v2", args.horizon, log)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_table(report)
     return 0

@@ -19,7 +19,7 @@ LLM_LEVEL = {"voice": 1, "chat": 2, "summarize": 3}
 EMBED_LEVEL = {"embedding": 1, "indexing": 2}
 
 
-def _single_queue_policy(base: Policy, levels: int) -> Policy:
+def single_queue_policy(base: Policy, levels: int) -> Policy:
     """One LLM queue and one embedding queue, no background, with ``levels`` priority levels."""
     sched = base.scheduler.model_dump()
     llm = {"kind": "llm", "model": base.classes["chat"].model, "priority": 0, "max_batch_size": 64,
@@ -98,8 +98,8 @@ def compare(policy_path: Path, cost: CostModel, horizon_s: float = 120.0, seed: 
     ours = load_policy(policy_path)
     variants: dict[str, tuple[Policy, Mapping]] = {
         "ours": (ours, ours_mapping),
-        "fifo": (_single_queue_policy(ours, 1), fifo_mapping),
-        "priority": (_single_queue_policy(ours, 3), priority_mapping),
+        "fifo": (single_queue_policy(ours, 1), fifo_mapping),
+        "priority": (single_queue_policy(ours, 3), priority_mapping),
     }
     mix = household(horizon_s, seed)
     quiet = [r for r in mix if not r.background]
