@@ -89,10 +89,8 @@ def http(server_url: str) -> Iterator[httpx.Client]:
 
 
 def engine_state(http: httpx.Client) -> tuple[float, dict[str, dict[str, int]]]:
-    """(KV usage of the LLM, {class: {"running", "queued"}}) from /v1/stats (or the debug snapshot)."""
+    """(KV usage of the LLM, {class: {"running", "queued"}}) from /v1/stats."""
     response = http.get("/v1/stats")
-    if response.status_code == 404:
-        response = http.get("/v1/debug/engine")
     response.raise_for_status()
     body = response.json()
     kv = max((d.get("kv_usage", 0.0) for d in body.get("device", {}).values()), default=0.0)
