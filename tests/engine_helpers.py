@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence
-from homeai.engine.types import SamplingParams, StepOutput, StepPlan
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence
+from homeai.core.types import SamplingParams, StepOutput, StepPlan
 from homeai.scheduling.interface import StepScheduler
 
 FAKE_TOKEN = 7  # what the fake runner samples; never an EOS in these tests

@@ -37,7 +37,7 @@ from homeai.api.serving import (
     text_prompt_ids,
 )
 from homeai.api.streaming import ndjson_line, ndjson_stream
-from homeai.engine.types import FinishReason, SamplingParams
+from homeai.core.types import FinishReason, SamplingParams
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose endpoints and fields we follow
 

@@ -46,8 +46,8 @@ from homeai.api.serving import (
     text_prompt_ids,
 )
 from homeai.api.streaming import SSE_DONE, sse_data, sse_stream
+from homeai.core.types import FinishReason, SamplingParams
 from homeai.engine.gateway import Gateway, Route
-from homeai.engine.types import FinishReason, SamplingParams
 
 MAX_EMBEDDING_INPUTS = 2048
 

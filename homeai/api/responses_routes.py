@@ -19,8 +19,8 @@ from homeai.api.openai_routes import start
 from homeai.api.openai_schemas import ResponsesRequest
 from homeai.api.serving import Generation, chat_prompt_ids
 from homeai.api.streaming import sse_data, sse_stream
+from homeai.core.types import FinishReason
 from homeai.engine.gateway import Gateway, Route
-from homeai.engine.types import FinishReason
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 

@@ -21,9 +21,9 @@ from litestar import Request
 
 from homeai.api.errors import ApiError, BadRequest, ClientGone, ServiceUnavailable, to_api_error
 from homeai.api.streaming import until_disconnect
+from homeai.core.types import FinishReason, SamplingParams, TokenDelta
 from homeai.engine.embed_service import EmbedResult, QueueTimeoutError
 from homeai.engine.gateway import Gateway, Route
-from homeai.engine.types import FinishReason, SamplingParams, TokenDelta
 from homeai.scheduling.class_queue import QueueFullError
 
 log = logging.getLogger(__name__)

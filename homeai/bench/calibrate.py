@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from homeai.engine.types import SamplingParams
+from homeai.core.types import SamplingParams
 from homeai.sim.cost_model import CostModel
 
 

@@ -121,7 +121,7 @@ def weight_stats(model: Any) -> tuple[int, int]:
 # ---- the two contenders ------------------------------------------------------------------------------
 
 async def run_ours(engine: Any, prompts: list[list[int]], lengths: list[int], c: int) -> RunResult:
-    from homeai.engine.types import SamplingParams
+    from homeai.core.types import SamplingParams
 
     slots = asyncio.Semaphore(c)
     ttfts: list[float] = []

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from homeai.core.types import SamplingParams
 from homeai.engine.builder import EngineConfig, build_llm_engine
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedService
-from homeai.engine.types import SamplingParams
 from homeai.policy.loader import load_policy
 from homeai.policy.schema import Policy
 from homeai.runtime.embedder import Embedder

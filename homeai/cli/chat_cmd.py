@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from homeai.engine.types import SamplingParams
+from homeai.core.types import SamplingParams
 
 
 def add_chat_command(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from homeai.engine.block_manager import BlockManager
+from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
 from homeai.runtime.device import choose_device, parse_dtype

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol
 
-from homeai.engine.types import SamplingParams
+from homeai.core.types import SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"  # what decode shows for bytes that are not (yet) a whole UTF-8 character
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens kept as context, so the first output token decodes in place

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
 from homeai.engine.llm_engine import LLMEngine, RequestError
-from homeai.engine.types import SamplingParams, TokenDelta
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
 from homeai.repository.entries import ModelEntry, load_entries

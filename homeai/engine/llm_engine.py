@@ -19,11 +19,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from homeai.core.sequence import Sequence
+from homeai.core.types import FinishReason, SamplingParams, TokenDelta
 from homeai.engine.detokenizer import IncrementalDetokenizer
 from homeai.engine.model_runner import ModelRunner
-from homeai.engine.sequence import Sequence
 from homeai.engine.streams import StreamRegistry
-from homeai.engine.types import FinishReason, SamplingParams, TokenDelta
 from homeai.scheduling.interface import StepScheduler
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence
-from homeai.engine.types import StepOutput, StepPlan
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence
+from homeai.core.types import StepOutput, StepPlan
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import AttentionMetadata, LlamaModel, PrefillChunk
 from homeai.runtime.sampler import Sampler, make_generator

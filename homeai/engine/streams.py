@@ -12,7 +12,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable
 
-from homeai.engine.types import TokenDelta
+from homeai.core.types import TokenDelta
 
 
 class StreamRegistry:

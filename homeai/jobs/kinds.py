@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from homeai.engine.types import SamplingParams
+from homeai.core.types import SamplingParams
 from homeai.scheduling.class_queue import QueueFullError
 from homeai.store.collections import Collections
 from homeai.store.jobs import JobInfo, Jobs

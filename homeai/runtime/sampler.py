@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from homeai.engine.types import SamplingParams
+from homeai.core.types import SamplingParams
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

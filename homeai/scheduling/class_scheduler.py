@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence, SequenceStatus
-from homeai.engine.types import ScheduledChunk, StepOutput, StepPlan
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence, SequenceStatus
+from homeai.core.types import ScheduledChunk, StepOutput, StepPlan
 from homeai.policy.schema import ClassPolicy, Policy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence, SequenceStatus
-from homeai.engine.types import ScheduledChunk, StepOutput, StepPlan
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence, SequenceStatus
+from homeai.core.types import ScheduledChunk, StepOutput, StepPlan
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.interface import StepScheduler
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence, SequenceStatus
-from homeai.engine.types import StepOutput, StepPlan
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence, SequenceStatus
+from homeai.core.types import StepOutput, StepPlan
 
 
 class StepScheduler(ABC):

@@ -12,9 +12,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence
-from homeai.engine.types import SamplingParams, StepOutput
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence
+from homeai.core.types import SamplingParams, StepOutput
 from homeai.policy.schema import Policy
 from homeai.scheduling.batcher import LLM_STEP, Batcher, EmbedWork
 from homeai.scheduling.class_queue import QueuedItem, QueueFullError

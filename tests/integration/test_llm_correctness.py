@@ -20,12 +20,12 @@ import torch
 from engine_helpers import assert_engine_empty
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from homeai.engine.block_manager import BlockManager
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence
+from homeai.core.types import FinishReason, SamplingParams, StepOutput
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids, load_tokenizer
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
-from homeai.engine.sequence import Sequence
-from homeai.engine.types import FinishReason, SamplingParams, StepOutput
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
 from homeai.scheduling.fcfs import FCFSScheduler

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from homeai.engine.block_manager import BlockManager
+from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
 from homeai.runtime.kv_cache import KVCache

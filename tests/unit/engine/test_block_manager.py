@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from engine_helpers import assert_engine_empty, make_requests
 
-from homeai.engine.block_manager import BlockManager
+from homeai.core.block_manager import BlockManager
+from homeai.core.types import FinishReason, SamplingParams
 from homeai.engine.llm_engine import LLMEngine
-from homeai.engine.types import FinishReason, SamplingParams
 
 
 def test_allocate_grows_table_block_by_block() -> None:

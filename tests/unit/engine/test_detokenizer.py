@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from homeai.core.types import SamplingParams
 from homeai.engine.detokenizer import IncrementalDetokenizer, check_stop_token
-from homeai.engine.types import SamplingParams
 
 CORPUS = [
     "Hello world, this is a tiny corpus for a tiny tokenizer.",

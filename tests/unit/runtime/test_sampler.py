@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from homeai.engine.types import SamplingParams
+from homeai.core.types import SamplingParams
 from homeai.runtime.sampler import Sampler, apply_filters, apply_penalties, make_generator
 
 VOCAB = 50

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from engine_helpers import FakeRunner, assert_engine_empty, make_requests
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence
 from homeai.policy.loader import parse_policy
 from homeai.policy.schema import Policy
 from homeai.scheduling.batcher import (

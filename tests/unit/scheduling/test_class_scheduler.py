@@ -18,9 +18,9 @@ import pytest
 import yaml
 from engine_helpers import FAKE_TOKEN, FakeRunner, assert_engine_empty, make_requests
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence, SequenceStatus
-from homeai.engine.types import ScheduledChunk, StepPlan
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence, SequenceStatus
+from homeai.core.types import ScheduledChunk, StepPlan
 from homeai.policy.loader import parse_policy
 from homeai.policy.schema import Policy
 from homeai.scheduling.class_scheduler import INTERACTIVE_HORIZON_S, SHARE_WINDOW_STEPS, ClassScheduler

@@ -7,9 +7,9 @@ import random
 
 from engine_helpers import FAKE_TOKEN, FakeRunner, assert_engine_empty, drain, make_requests, step
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import SequenceStatus
-from homeai.engine.types import StepOutput
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import SequenceStatus
+from homeai.core.types import StepOutput
 from homeai.scheduling.clock import VirtualClock
 from homeai.scheduling.fcfs import FCFSScheduler
 

@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from homeai.engine.block_manager import BlockManager
-from homeai.engine.sequence import Sequence, SequenceStatus
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.policy.loader import parse_policy
 from homeai.policy.schema import Policy
 from homeai.scheduling.class_queue import QueueFullError

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from homeai.engine.types import FinishReason, SamplingParams
+from homeai.core.types import FinishReason, SamplingParams
 
 
 class SequenceStatus(enum.IntEnum):
