@@ -4,11 +4,10 @@ refused and the running policy stays."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.integration.api.conftest import Server
 
 pytestmark = pytest.mark.slow
 VOICE_LIMIT = "priority: 0\n    max_output_tokens: 8"
@@ -28,16 +27,16 @@ def wait_for_tokens(http: httpx.Client, expected: int, timeout_s: float = 15.0) 
         time.sleep(0.3)
 
 
-def test_policy_file_edits_hot_reload(server: Server, http: httpx.Client) -> None:
-    original = server.policy_path.read_text()
+def test_policy_file_edits_hot_reload(policy_path: Path, http: httpx.Client) -> None:
+    original = policy_path.read_text()
     assert VOICE_LIMIT in original
     try:
         assert voice_tokens(http) == 8
-        server.policy_path.write_text(original.replace(VOICE_LIMIT, VOICE_LIMIT[:-1] + "2"))
+        policy_path.write_text(original.replace(VOICE_LIMIT, VOICE_LIMIT[:-1] + "2"))
         wait_for_tokens(http, 2)
-        server.policy_path.write_text(original.replace("kind: llm", "kind: lmm", 1))  # invalid: refused
+        policy_path.write_text(original.replace("kind: llm", "kind: lmm", 1))  # invalid: refused
         time.sleep(2.5)
         assert voice_tokens(http) == 2 and http.get("/v1/models").status_code == 200
     finally:
-        server.policy_path.write_text(original)
+        policy_path.write_text(original)
     wait_for_tokens(http, 8)

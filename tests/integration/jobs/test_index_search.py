@@ -11,9 +11,10 @@ from pathlib import Path
 
 import httpx
 from pdf_helpers import make_pdf
+from server_launcher import ServerProcess
 from sqlalchemy import text
 
-from tests.integration.jobs.conftest import ServerProcess, add_job, wait_job
+from tests.integration.jobs.conftest import add_job, database, wait_job
 
 DOCS = {
     "pets/cat.txt": "Our cat Mimi sleeps on the warm kitchen windowsill every afternoon and purrs.",
@@ -67,7 +68,7 @@ def test_index_then_search_finds_the_right_document(http: httpx.Client, tmp_path
 
 
 def assert_search_requests_logged(server: ServerProcess) -> None:
-    engine = server.engine()
+    engine = database(server)
     try:
         deadline = time.monotonic() + 10
         while True:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_launcher import ServerProcess
 from sqlalchemy import text
 
-from tests.integration.jobs.conftest import ServerProcess, add_job, wait_job
+from tests.integration.jobs.conftest import add_job, database, wait_job
 
 NUM_FILES = 240
 WORDS = ("apple river mountain tax garden recipe school holiday train music doctor invoice garage bicycle "
@@ -29,7 +30,7 @@ def write_folder(root: Path) -> None:
 
 def chunk_rows(server: ServerProcess, collection: str) -> list[tuple[str, int, str]]:
     """(document, ordinal, text) of every chunk of the collection, duplicates included."""
-    engine = server.engine()
+    engine = database(server)
     try:
         with engine.connect() as conn:
             rows = conn.execute(text(
