@@ -53,6 +53,7 @@ class Batcher:
         self._last_was_embed = False
         self._per_item_s: dict[str, float] = {}  # EWMA of a batch's duration per input, per class
         self._last_interactive_embed_s = float("-inf")
+        self._expired: list[tuple[str, QueuedItem]] = []  # timed out while pushing, not yet reported
         self.apply_policy(policy)
 
     def apply_policy(self, policy: Policy) -> None:
@@ -75,6 +76,8 @@ class Batcher:
             if queue is None:
                 raise KeyError(f"{class_name!r} is not an embedding class; known: {sorted(self.embed_queues)}")
             now = self.clock.now() if now is None else now
+            # Timed-out inputs make room first; they are answered by the next expire_embeddings().
+            self._expired += [(class_name, it) for it in queue.expire(now)]
             queue.push(item, now)
             if not queue.policy.background:
                 self._last_interactive_embed_s = now
@@ -86,9 +89,11 @@ class Batcher:
                 queue.cancel(request_id)
 
     def expire_embeddings(self) -> list[tuple[str, QueuedItem]]:
+        """Apply timeouts; every REJECTed input comes out here exactly once (the caller fails it)."""
         now = self.clock.now()
         with self.lock:
-            return [(name, item) for name, q in self.embed_queues.items() for item in q.expire(now)]
+            out, self._expired = self._expired, []
+            return out + [(name, item) for name, q in self.embed_queues.items() for item in q.expire(now)]
 
     # ---- the decision ----------------------------------------------------------------------------
     def next_work(self) -> str | EmbedWork | None:

@@ -13,8 +13,10 @@ unexpired request of its level, and stays). Two ways out:
 ``preserve_ordering``: a batch comes out in queue order and its responses are delivered in that
 order; each of our responses is its own stream, so it only affects the order of batch outputs.
 
-Not thread-safe: the scheduler loop owns it. Setting ``item.cancelled = True`` elsewhere is safe (a
-flag write); such an item is dropped when next seen and never comes out. ``cancel()`` drops at once.
+Not thread-safe: one thread (the device loop) owns it; others post to that thread's inbox. Methods
+that read like queries (``next_ready_at``, ``next_expiry_at``, ``len``, iteration) never mutate, and
+timeouts are applied only by ``expire``, ``form_batch`` and admission, whose callers receive every
+request they reject: a request is always queued, handed out, or reported, never silently dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ __all__ = ["ClassQueue", "QueueFullError", "QueuedItem", "effective_timeout_us"]
 
 _EPS_S = 1e-9  # float slack: waking at exactly ``next_ready_at`` counts as ready
 PickUser = Callable[[list[str]], str]
+
+
+def _deadline_current(entry: tuple[float, int, int, QueuedItem]) -> bool:
+    """A deadline entry still applies: its item is queued (not delayed or gone) in the same place."""
+    return entry[3].state == QUEUED and entry[3].gen == entry[2]
 
 
 class QueueFullError(Exception):
@@ -74,16 +81,18 @@ class ClassQueue:
         and batch sizes apply from now. Levels beyond a reduced ``priority_levels`` drain last."""
         self._policy = policy
         for no in range(1, policy.priority_levels + 1):
-            self._levels.setdefault(no, LevelQueue(self._forget))
+            self._levels.setdefault(no, LevelQueue())
         self._levels = dict(sorted(self._levels.items()))
 
     def push(self, item: QueuedItem, now: float) -> None:
-        """Queue ``item`` at ``now`` (stamps arrival and deadline); a full level raises QueueFullError."""
+        """Queue ``item`` at ``now`` (stamps arrival and deadline); a full level raises QueueFullError.
+
+        Applies no timeouts: a request it timed out would leave the queue with nobody told (issue 9,
+        finding 11). Call ``expire(now)`` first so that timed-out requests make room and get answered."""
         if item.request_id in self._by_id:
             raise ValueError(f"request {item.request_id!r} is already queued in {self.name!r}")
         no = self._resolve_level(item.priority_level)
         qp = self._policy.queue_policy(no)
-        self._expire(now)
         if qp.max_queue_size and self._levels[no].num_live >= qp.max_queue_size:
             raise QueueFullError(self.retry_after_s(now, no), self.name, no)
         item.priority_level, item.arrival_s, item.seq = no, now, next(self._seq)
@@ -98,7 +107,7 @@ class ClassQueue:
         self._insert(item, front=True)
 
     def _insert(self, item: QueuedItem, front: bool) -> None:
-        self._levels.setdefault(item.priority_level or 1, LevelQueue(self._forget)).add(item, front)
+        self._levels.setdefault(item.priority_level or 1, LevelQueue()).add(item, front)
         self._by_id[item.request_id] = item
         if item.deadline_s is not None:
             heapq.heappush(self._deadlines, (item.deadline_s, next(self._seq), item.gen, item))
@@ -152,6 +161,9 @@ class ClassQueue:
         level.remove(item)
         self._forget(item)
         level.maybe_compact()
+        heap = self._deadlines
+        while heap and not _deadline_current(heap[0]):  # keep the top current: next_expiry_at only peeks
+            heapq.heappop(heap)
 
     def _forget(self, item: QueuedItem) -> None:
         self._by_id.pop(item.request_id, None)
@@ -211,11 +223,12 @@ class ClassQueue:
         return min(item.arrival_s for item in cands) + delay_s
 
     def next_expiry_at(self) -> float | None:
-        """The earliest deadline still pending (a REJECT must be answered on time), or None."""
+        """The earliest deadline still pending (a REJECT must be answered on time), or None. A query:
+        it never pops the heap (the device thread's mutators keep its top current)."""
         heap = self._deadlines
-        while heap and (heap[0][3].state != QUEUED or heap[0][3].gen != heap[0][2]):
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        if heap and _deadline_current(heap[0]):
+            return heap[0][0]
+        return min((e[0] for e in heap if _deadline_current(e)), default=None)
 
     # ---- LLM classes: admission to the running batch ----------------------------------------
     def peek_for_admission(self, now: float, pick_user: PickUser | None = None) -> QueuedItem | None:

@@ -110,12 +110,10 @@ class ClassScheduler(StepScheduler):
             item = QueuedItem(seq.request_id, seq.user, priority_level=seq.extra.get("priority_level"),
                               timeout_override_us=seq.extra.get("timeout_us"), cost=seq.num_prompt_tokens,
                               payload=seq)
-            newly = state.queue.num_queued_for(seq.user) == 0
             now = self.clock.now() if now is None else now
-            try:
-                state.queue.push(item, now)
-            finally:
-                self._expire(now)  # push applies timeouts: fail those now, not in limbo until the next step
+            self._expire(now)  # timed-out requests make room and are answered now, not in limbo
+            newly = state.queue.num_queued_for(seq.user) == 0
+            state.queue.push(item, now)
             if newly:
                 state.vtc.on_backlogged(seq.user, state.queue.users_queued())
             seq.arrival_s = item.arrival_s

@@ -2,16 +2,17 @@
 
 A level keeps two lines: unexpired requests, and behind them requests whose DELAY timeout passed
 (Triton moves those behind every unexpired request). Removal is lazy: cancel, take and the DELAY move
-only mark the item; a stale entry is skipped (and popped) when it reaches a head, and a level is
-compacted once dead entries outnumber live ones. That keeps cancel O(1) while fairness can still take
-any user's head request.
+only mark the item; the mutators pop stale entries off the heads they touched, and a level is compacted
+once dead entries outnumber live ones. That keeps cancel O(1) while fairness can still take any user's
+head request. Queries (``head``, ``users_by_head``, ``oldest_arrival_s``, iteration) never mutate: they
+skip stale entries, so reading the queue can never race with or disturb the one thread that owns it.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,18 +42,17 @@ _Entry = tuple[int, QueuedItem]  # (gen, item): current while item.gen == gen an
 
 
 class LevelQueue:
-    """One priority level. ``on_cancelled`` is told about items found with ``cancelled`` set."""
+    """One priority level of a class queue (see the module docstring)."""
 
-    __slots__ = ("main", "delayed", "user_main", "user_delayed", "user_live", "num_live", "_on_cancelled")
+    __slots__ = ("main", "delayed", "user_main", "user_delayed", "user_live", "num_live")
 
-    def __init__(self, on_cancelled: Callable[[QueuedItem], None]) -> None:
+    def __init__(self) -> None:
         self.main: deque[_Entry] = deque()
         self.delayed: deque[_Entry] = deque()
         self.user_main: dict[str, deque[_Entry]] = {}
         self.user_delayed: dict[str, deque[_Entry]] = {}
         self.user_live: dict[str, int] = {}
         self.num_live = 0
-        self._on_cancelled = on_cancelled
 
     def add(self, item: QueuedItem, front: bool = False) -> None:
         """Append (or put at the head: a request taken out but not run) as an unexpired request."""
@@ -67,6 +67,7 @@ class LevelQueue:
         item.state, item.gen = DELAYED, next(_gens)
         self.delayed.append((item.gen, item))
         self.user_delayed.setdefault(item.user, deque()).append((item.gen, item))
+        self._trim(item.user)
 
     def remove(self, item: QueuedItem) -> None:
         """Mark a queued request gone (its entries are dropped lazily)."""
@@ -77,16 +78,22 @@ class LevelQueue:
             self.user_live[item.user] = left
         else:
             del self.user_live[item.user]
+        self._trim(item.user)
 
-    def is_current(self, entry: _Entry) -> bool:
+    def _trim(self, user: str) -> None:
+        """Pop stale entries off the heads a removal or a move may have uncovered (mutators only)."""
+        for dq in (self.main, self.delayed, self.user_main.get(user), self.user_delayed.get(user)):
+            while dq and not self.is_current(dq[0]):
+                dq.popleft()
+        for by_user in (self.user_main, self.user_delayed):
+            if user in by_user and not by_user[user]:
+                del by_user[user]
+
+    @staticmethod
+    def is_current(entry: _Entry) -> bool:
+        """True while the entry still stands for its queued item (pure: no side effects)."""
         gen, item = entry
-        if item.gen != gen or item.state == GONE:
-            return False
-        if item.cancelled:  # flagged from elsewhere: drop it now
-            self.remove(item)
-            self._on_cancelled(item)
-            return False
-        return True
+        return item.gen == gen and item.state != GONE
 
     def head(self, user: str | None = None) -> QueuedItem | None:
         """The first request (of ``user``, if given): unexpired before delayed, by arrival."""
@@ -109,10 +116,10 @@ class LevelQueue:
         return min(arrivals) if arrivals else None
 
     def _line_head(self, dq: deque[_Entry] | None) -> QueuedItem | None:
-        while dq:
-            if self.is_current(dq[0]):
-                return dq[0][1]
-            dq.popleft()
+        """The first current entry's item, skipping stale ones without popping them (a query)."""
+        for entry in dq or ():
+            if self.is_current(entry):
+                return entry[1]
         return None
 
     def __iter__(self) -> Iterator[QueuedItem]:
