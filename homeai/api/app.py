@@ -20,6 +20,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from homeai.api.admin_routes import admin_router
+from homeai.api.auth import authenticate
 from homeai.api.background import background_lifespan
 from homeai.api.errors import exception_handler
 from homeai.api.jobs_routes import jobs_router
@@ -31,6 +32,7 @@ from homeai.api.policy_watcher import start_policy_watcher
 from homeai.api.responses_routes import ResponsesController
 from homeai.api.settings import Settings
 from homeai.engine.gateway import Gateway, GatewayConfig
+from homeai.engine.metering import Meter
 from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
@@ -62,7 +64,7 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
     """Load the policy's models and start the device loop (in a thread: loading blocks for seconds)."""
     settings: Settings = app.state.settings
     config = GatewayConfig(cache_dir=settings.cache_dir, device=settings.device, kv_cache_mb=settings.kv_cache_mb)
-    gateway = Gateway(app.state.policy_holder, config)
+    gateway = Gateway(app.state.policy_holder, config, meter=Meter(app.state.metrics))  # meters every submission
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, gateway.start)
     app.state.gateway = gateway
@@ -98,6 +100,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=handlers,
         exception_handlers={Exception: exception_handler},
+        guards=[authenticate],  # before any body is parsed: a stranger gets 401, never a 400
         # request log and jobs start after the engine and stop before it
         lifespan=[store_lifespan, engine_lifespan, background_lifespan, policy_watcher_lifespan],
         request_max_body_size=settings.max_body_bytes,

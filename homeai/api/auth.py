@@ -4,6 +4,12 @@ Keys are required once any key exists, or whenever the server listens on a non-l
 (``app.state.settings.requires_keys``, or ``app.state.bind_host``). Without keys on loopback every
 caller is ``anonymous`` and an admin: a single-machine household needs no setup. A key comes as
 ``Authorization: Bearer KEY`` (what the openai and ollama clients send) or ``X-API-Key: KEY``.
+
+``authenticate`` is the app's guard on every route: guards run before Litestar parses a body, so an
+unauthenticated request gets 401 whatever its body holds (and an oversized or over-nested body is
+never read for a stranger). A route's ``opt["auth"]`` says what it needs: ``public`` (health, the
+Ollama root probe), ``metrics`` (stats and /metrics name every household member: a key with the
+``metrics`` scope, or an admin), ``admin``; anything else needs any authenticated caller.
 """
 
 from __future__ import annotations
@@ -15,11 +21,15 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException, ServiceUnavailableException
 from litestar.handlers.base import BaseRouteHandler
 
+from homeai.api.json_depth import check_json_depth
 from homeai.api.settings import is_loopback
 from homeai.store.keys import KeyStoreUnavailable
 
 ANONYMOUS = "anonymous"
+METRICS_SCOPE = "metrics"
 _CALLER_STATE_KEY = "homeai_caller"
+PUBLIC, METRICS, ADMIN = "public", "metrics", "admin"  # values of a route's opt["auth"]
+PUBLIC_PREFIXES = ("/schema",)  # the OpenAPI document: Litestar's own routes carry no opt
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +39,14 @@ class Caller:
     user: str
     default_class: str | None
     is_admin: bool
+    scopes: frozenset[str] = frozenset()
 
     @property
     def is_anonymous(self) -> bool:
         return self.user == ANONYMOUS
+
+    def may_read_metrics(self) -> bool:
+        return self.is_admin or METRICS_SCOPE in self.scopes
 
 
 def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
@@ -69,7 +83,7 @@ async def resolve_caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Call
     except KeyStoreUnavailable as e:
         raise ServiceUnavailableException("API keys are unavailable (the store cannot be read)") from e
     if info is not None:
-        caller = Caller(info.user, info.default_class, info.is_admin)
+        caller = Caller(info.user, info.default_class, info.is_admin, frozenset(info.scopes))
     elif required:
         detail = "invalid API key" if key else "an API key is required (Authorization: Bearer KEY)"
         raise NotAuthorizedException(detail, headers={"WWW-Authenticate": "Bearer"})
@@ -84,3 +98,19 @@ async def require_admin(connection: ASGIConnection[Any, Any, Any, Any], _handler
     caller = await resolve_caller(connection)
     if not caller.is_admin:
         raise PermissionDeniedException(f"user {caller.user!r} is not an admin")
+
+
+async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """The app-wide guard: who is calling, checked against the route's ``opt["auth"]``, then the
+    body's JSON depth (a caller who may not use the route never has its body read)."""
+    needs = handler.opt.get("auth")
+    if needs == PUBLIC or connection.scope["path"].startswith(PUBLIC_PREFIXES):
+        return
+    caller = await resolve_caller(connection)
+    if needs == ADMIN and not caller.is_admin:
+        raise PermissionDeniedException(f"user {caller.user!r} is not an admin")
+    if needs == METRICS and not caller.may_read_metrics():
+        raise PermissionDeniedException(f"user {caller.user!r} needs a key with the {METRICS_SCOPE!r} scope "
+                                        "or an admin key to read statistics")
+    if connection.scope["type"] == "http" and connection.scope.get("method") in ("POST", "PUT", "PATCH"):
+        await check_json_depth(connection)

@@ -89,6 +89,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return BadRequest(str(exc.args[0] if exc.args else exc))
     if isinstance(exc, PermissionError):
         return ApiError(str(exc), status_code=403)
+    if isinstance(exc, RecursionError):  # a body deeper than the guard's bound reached a parser anyway
+        return BadRequest("the request is nested too deeply to parse", code="json_too_deep")
     if isinstance(exc, ValidationException):
         return _validation_error(exc)
     if isinstance(exc, HTTPException) and exc.status_code == 400 and _is_malformed(str(exc.detail)):

@@ -12,6 +12,10 @@
 Uses ``app.state.metrics`` (a MetricsRecorder), ``app.state.gateway`` (``snapshot()``, ``started_s``),
 ``app.state.policy_holder`` and ``app.state.store`` when present; ``app.state.stats_interval_s``
 overrides the stream period.
+
+Once API keys exist, stats and metrics (which name every household member) need a key with the
+``metrics`` scope or an admin key (``opt["auth"]``, checked by the app's ``authenticate`` guard);
+health and readiness stay public for probes.
 """
 
 from __future__ import annotations
@@ -59,13 +63,14 @@ def stats_document(state: State) -> dict[str, Any]:
     return build_stats(_recorder(state), _snapshot(state), holder.current if holder is not None else None)
 
 
-@get("/metrics", media_type=CONTENT_TYPE_LATEST, summary="Prometheus metrics", include_in_schema=False)
+@get("/metrics", media_type=CONTENT_TYPE_LATEST, summary="Prometheus metrics", include_in_schema=False,
+     opt={"auth": "metrics"})
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     state = request.app.state
     return Response(_recorder(state).prometheus_text(_snapshot(state)), media_type=CONTENT_TYPE_LATEST)
 
 
-@get("/v1/stats", summary="Live per-class, per-user and device statistics")
+@get("/v1/stats", summary="Live per-class, per-user and device statistics", opt={"auth": "metrics"})
 async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return stats_document(request.app.state)
 
@@ -81,7 +86,8 @@ async def _stats_events(state: State, interval_s: float, count: int | None = Non
 
 
 # Not in the OpenAPI schema: an endless stream would hang schema-driven test clients (schemathesis).
-@get("/v1/stats/stream", summary="Live statistics as server-sent events", include_in_schema=False)
+@get("/v1/stats/stream", summary="Live statistics as server-sent events", include_in_schema=False,
+     opt={"auth": "metrics"})
 async def stats_stream(
     request: Request[Any, Any, Any], count: Annotated[int | None, Parameter(ge=1, le=100_000)] = None,
 ) -> ServerSentEvent:
@@ -91,7 +97,7 @@ async def stats_stream(
     return ServerSentEvent(_stats_events(state, interval_s, count), headers={"Cache-Control": "no-store"})
 
 
-@get("/healthz", summary="Liveness")
+@get("/healthz", summary="Liveness", opt={"auth": "public"})
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
@@ -103,7 +109,7 @@ def gateway_started(gateway: Any) -> bool:
     return not (hasattr(gateway, "loop") and gateway.loop is None)
 
 
-@get("/readyz", summary="Readiness")
+@get("/readyz", summary="Readiness", opt={"auth": "public"})
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     state = request.app.state
     gateway = state.get("gateway")

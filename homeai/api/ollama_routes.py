@@ -196,7 +196,8 @@ class OllamaController(Controller):
     async def show(self, request: Request[Any, Any, Any], data: ModelRequest) -> dict[str, Any]:
         return model_show(gateway_of(request), data.model_name)
 
-    @post("/pull", status_code=200, summary="Fetch a model from the model repository (progress as NDJSON)")
+    @post("/pull", status_code=200, summary="Fetch a model from the model repository (progress as NDJSON)",
+          opt={"auth": "admin"})  # downloads gigabytes into the server's cache: admin only
     async def pull(self, request: Request[Any, Any, Any], data: ModelRequest) -> Response[Any]:
         gateway = gateway_of(request)
         model_details(gateway, data.model_name)  # 404 before any line is sent
@@ -208,13 +209,13 @@ class OllamaController(Controller):
         return ndjson_stream(ndjson_line(line) async for line in pull_lines(gateway, data.model_name))
 
 
-@get("/", include_in_schema=False, media_type="text/plain")
+@get("/", include_in_schema=False, media_type="text/plain", opt={"auth": "public"})
 async def ollama_root() -> str:
     """Ollama answers its root with this sentence, and some clients probe for it."""
     return "Ollama is running"
 
 
-@head("/", include_in_schema=False)
+@head("/", include_in_schema=False, opt={"auth": "public"})
 async def ollama_root_head() -> None:
     """Ollama's clients probe the server with HEAD / before anything else."""
 

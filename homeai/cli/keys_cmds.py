@@ -18,7 +18,7 @@ from typing import Any
 
 from homeai.api.settings import POLICY_FILE_NAME, default_data_dir
 from homeai.store.db import Store
-from homeai.store.keys import KeyInfo, KeyStoreError
+from homeai.store.keys import KNOWN_SCOPES, KeyInfo, KeyStoreError
 
 DATABASE_URL_ENV = "HOMEAI_DATABASE_URL"
 
@@ -39,6 +39,8 @@ def add_keys_commands(subparsers: Any) -> argparse.ArgumentParser:
     create.add_argument("--user", help="the household member the key belongs to (default: NAME)")
     create.add_argument("--class", dest="default_class", help="class used when a request names none")
     create.add_argument("--admin", action="store_true", help="may use /admin (policy changes)")
+    create.add_argument("--scope", dest="scopes", action="append", default=[], choices=sorted(KNOWN_SCOPES),
+                        help="an extra permission (metrics: read /v1/stats and /metrics); repeatable")
     create.set_defaults(func=cmd_create)
 
     listing = sub.add_parser("list", parents=[where], help="list keys (never the keys themselves)")
@@ -93,10 +95,11 @@ def cmd_create(args: argparse.Namespace) -> int:
 
     async def action(store: Store) -> int:
         key, info = await store.keys.create(args.name, user=args.user, default_class=args.default_class,
-                                            is_admin=args.admin)
+                                            is_admin=args.admin, scopes=args.scopes)
         print(key)
         print(f"key {info.name!r} for user {info.user!r}" + (f", class {info.default_class}" if info.default_class
-              else "") + (", admin" if info.is_admin else "") + ": shown once, only its hash is stored",
+              else "") + (", admin" if info.is_admin else "")
+              + "".join(f", {scope}" for scope in info.scopes) + ": shown once, only its hash is stored",
               file=sys.stderr)
         return 0
 

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "hai_"
 DISPLAY_CHARS = 12  # "hai_" + 8: enough to tell a household's keys apart, useless to an attacker
 MIN_MATCH_CHARS = 6  # a revoke by prefix must name at least this much of the key
+KNOWN_SCOPES = frozenset({"metrics"})  # metrics: may read /v1/stats, its stream and /metrics
 
 
 class KeyStoreError(ValueError):
@@ -47,6 +48,7 @@ class KeyInfo:
     is_admin: bool
     created_at: datetime
     revoked_at: datetime | None
+    scopes: tuple[str, ...] = ()  # e.g. ("metrics",): what a non-admin key may do beyond serving
 
     @property
     def is_active(self) -> bool:
@@ -55,7 +57,7 @@ class KeyInfo:
     @classmethod
     def from_row(cls, row: ApiKeyRow) -> KeyInfo:
         return cls(row.id, row.name, row.prefix, row.user, row.default_class, row.is_admin,
-                   row.created_at, row.revoked_at)
+                   row.created_at, row.revoked_at, tuple((row.scopes or "").split()))
 
 
 def hash_key(key: str) -> str:
@@ -78,11 +80,14 @@ class ApiKeys:
         self._loaded_s = 0.0
 
     async def create(self, name: str, user: str | None = None, default_class: str | None = None,
-                     is_admin: bool = False) -> tuple[str, KeyInfo]:
+                     is_admin: bool = False, scopes: Sequence[str] = ()) -> tuple[str, KeyInfo]:
         """Make a key; returns (plaintext, info). The plaintext exists only in this return value."""
         name = name.strip()
         if not name or len(name) > 64:
             raise KeyStoreError("a key name is 1 to 64 characters")
+        unknown = sorted(set(scopes) - KNOWN_SCOPES)
+        if unknown:
+            raise KeyStoreError(f"unknown scope(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN_SCOPES))})")
         user = (user or name).strip()
         key = new_key()
         async with self._sessions.begin() as session:
@@ -94,7 +99,8 @@ class ApiKeys:
                 session.add(UserRow(name=user))
                 await session.flush()
             row = ApiKeyRow(name=name, key_hash=hash_key(key), prefix=key[:DISPLAY_CHARS], user=user,
-                            default_class=default_class, is_admin=is_admin, created_at=utcnow())
+                            default_class=default_class, is_admin=is_admin, created_at=utcnow(),
+                            scopes=" ".join(sorted(set(scopes))))
             session.add(row)
             await session.flush()
             info = KeyInfo.from_row(row)

@@ -72,6 +72,7 @@ class ApiKeyRow(Base):
     user: Mapped[str] = mapped_column(ForeignKey("users.name"), index=True)
     default_class: Mapped[str | None] = mapped_column(String(64), nullable=True)
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    scopes: Mapped[str] = mapped_column(String(200), default="", server_default="")  # space-separated
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True, default=None)
 
@@ -146,7 +147,9 @@ class JobRunRow(Base):
 
 
 class CollectionRow(Base):
-    """A named set of documents; ``version`` counts commits, so a search cache knows when it is stale."""
+    """A named set of documents; ``version`` counts commits, so a search cache knows when it is stale.
+    Its ``owner`` (the user whose job built it; None for collections older than ownership) and the
+    users in ``collection_readers`` may search it, and admins."""
 
     __tablename__ = "collections"
 
@@ -154,6 +157,16 @@ class CollectionRow(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     version: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
+
+
+class CollectionReaderRow(Base):
+    """A user (besides the owner and admins) who may search a collection; ``*`` is everyone with a key."""
+
+    __tablename__ = "collection_readers"
+
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True)
+    user: Mapped[str] = mapped_column(String(64), primary_key=True)
 
 
 class DocumentRow(Base):

@@ -1,0 +1,113 @@
+"""The app-wide ``authenticate`` guard (issue 10, items 3, 5 and 6) on the real routers, without a model.
+
+A real Store on tmp SQLite holds the keys; no gateway is set, so a request that gets past the guard and
+the body validation answers 503: every status below says which of those stages answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.testing import AsyncTestClient
+
+from homeai.api.admin_routes import admin_router
+from homeai.api.auth import authenticate
+from homeai.api.errors import exception_handler
+from homeai.api.jobs_routes import jobs_router
+from homeai.api.json_depth import MAX_JSON_DEPTH, json_depth, too_deep
+from homeai.api.observability_routes import observability_router
+from homeai.api.ollama_routes import OllamaController, ollama_root
+from homeai.api.openai_routes import OpenAIController
+from homeai.metrics.recorder import MetricsRecorder
+from homeai.policy.loader import load_policy
+from homeai.policy.store import PolicyHolder
+from homeai.store.db import Store
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "default.yaml"
+DEEP = b'{"model": "m", "messages": [{"role": "user", "content": ' + b"[" * 1000 + b"]" * 1000 + b"}]}"
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = Store.in_dir(tmp_path)
+    await s.init()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def client(store: Store) -> AsyncIterator[AsyncTestClient[Litestar]]:
+    state = {"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "gateway": None,
+             "metrics": MetricsRecorder()}
+    app = Litestar(route_handlers=[OpenAIController, OllamaController, ollama_root, admin_router,
+                                   observability_router, jobs_router],
+                   guards=[authenticate], exception_handlers={Exception: exception_handler}, state=State(state))
+    async with AsyncTestClient(app=app) as c:
+        yield c
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_authentication_runs_before_body_validation(client: AsyncTestClient[Any], store: Store) -> None:
+    assert (await client.post("/v1/chat/completions", json={})).status_code == 400  # no keys: anyone on loopback
+    key, _ = await store.keys.create("alice")
+    r = await client.post("/v1/chat/completions", json={})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert (await client.post("/api/chat", content=b"{not json")).status_code == 401
+    assert (await client.post("/v1/embeddings", json={}, headers=bearer("hai_wrong"))).status_code == 401
+    r = await client.post("/v1/chat/completions", json={}, headers=bearer(key))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+async def test_stats_and_metrics_need_the_metrics_scope_once_keys_exist(client: AsyncTestClient[Any],
+                                                                       store: Store) -> None:
+    for path in ("/v1/stats", "/metrics", "/v1/stats/stream?count=1"):
+        assert (await client.get(path)).status_code == 200, path  # no keys on loopback: open
+    plain, _ = await store.keys.create("kid", user="kids")
+    watcher, info = await store.keys.create("tui", user="dad", scopes=["metrics"])
+    admin, _ = await store.keys.create("root", is_admin=True)
+    assert info.scopes == ("metrics",)
+    for path in ("/v1/stats", "/metrics", "/v1/stats/stream?count=1"):
+        assert (await client.get(path)).status_code == 401, path
+        assert (await client.get(path, headers=bearer(plain))).status_code == 403, path
+        assert (await client.get(path, headers=bearer(watcher))).status_code == 200, path
+        assert (await client.get(path, headers=bearer(admin))).status_code == 200, path
+    assert (await client.get("/healthz")).status_code == 200
+    assert (await client.get("/readyz")).status_code == 503  # public: it answers "starting", not 401
+    assert (await client.get("/")).status_code == 200  # Ollama's "is it running" probe
+
+
+async def test_pull_and_jobs_need_an_admin(client: AsyncTestClient[Any], store: Store) -> None:
+    plain, _ = await store.keys.create("kid", user="kids", scopes=["metrics"])
+    admin, _ = await store.keys.create("root", is_admin=True)
+    assert (await client.post("/api/pull", json={"model": "x"})).status_code == 401
+    assert (await client.post("/api/pull", json={"model": "x"}, headers=bearer(plain))).status_code == 403
+    assert (await client.post("/api/pull", json={"model": "x"}, headers=bearer(admin))).status_code == 503
+    assert (await client.get("/v1/jobs", headers=bearer(plain))).status_code == 403
+    assert (await client.post("/v1/jobs", json={}, headers=bearer(plain))).status_code == 403
+    assert (await client.get("/v1/jobs", headers=bearer(admin))).status_code == 503  # no job manager here
+
+
+async def test_deep_json_is_a_400_not_a_recursion_error(client: AsyncTestClient[Any], store: Store) -> None:
+    for path in ("/v1/chat/completions", "/api/chat", "/v1/embeddings", "/admin/policy/rollback"):
+        r = await client.post(path, content=DEEP, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, (path, r.text)
+        assert f"more than {MAX_JSON_DEPTH} levels" in r.text, r.text
+    key, _ = await store.keys.create("alice")
+    assert (await client.post("/v1/chat/completions", content=DEEP)).status_code == 401  # auth first
+    r = await client.post("/v1/chat/completions", content=DEEP, headers=bearer(key))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
+
+
+def test_json_depth_ignores_brackets_inside_strings() -> None:
+    assert json_depth(b'{"a": [1, {"b": "[[[[{{{{"}], "c": "\\"[[["}') == 3
+    assert not too_deep(b'"' + b"[" * 1000 + b'"')
+    assert too_deep(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1))
+    assert not too_deep(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)
