@@ -4,7 +4,7 @@
     PUT  /admin/policy                     YAML body -> validated, swapped, stored; answers the diff
     GET  /admin/policy/history             applied versions, newest first (?limit=N)
     GET  /admin/policy/history/{version}   one version with its text
-    POST /admin/policy/rollback            {"version": N}, or no body for the previous version
+    POST /admin/policy/rollback            ?version=N or {"version": N}; neither: the previous version
 
 Every route needs an admin caller (``require_admin``). Uses ``app.state.policy_holder``,
 ``app.state.store`` and, if set, ``app.state.policy_path``: an applied policy is also written there so
@@ -114,7 +114,10 @@ async def policy_version(
 
 
 @post("/policy/rollback", summary="Re-apply a stored version (default: the previous one)", status_code=200)
-async def rollback_policy(request: Request[Any, Any, Any]) -> Response[Any]:
+async def rollback_policy(
+    request: Request[Any, Any, Any],
+    query_version: Annotated[int | None, Parameter(query="version", ge=1, le=MAX_VERSION)] = None,
+) -> Response[Any]:
     store = _store(request)
     if store is None:
         return error_response(503, "no store: nothing to roll back to")
@@ -127,6 +130,9 @@ async def rollback_policy(request: Request[Any, Any, Any]) -> Response[Any]:
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)
                                 or not 1 <= version <= MAX_VERSION):
         return error_response(400, f"version must be an integer from 1 to {MAX_VERSION}")
+    if query_version is not None and version is not None and query_version != version:
+        return error_response(400, f"the query asks for version {query_version} and the body for {version}")
+    version = query_version if query_version is not None else version
     holder = _holder(request)
     if version is None:
         await record_running_policy(holder, store)

@@ -147,6 +147,22 @@ async def test_rollback_errors(client: AsyncTestClient[Litestar]) -> None:
     assert (await client.get(f"/admin/policy/history/{10**30}")).status_code == 400
 
 
+async def test_rollback_honours_the_version_query(client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
+    """Issue 10 item 8: ``?version=999`` once rolled back one version; now it names the target."""
+    assert (await client.put("/admin/policy", content=CHAT_BATCH_32)).status_code == 200
+    assert (await client.put("/admin/policy", content=DEFAULT_TEXT)).status_code == 200  # versions 1, 2, 3
+    r = await client.post("/admin/policy/rollback", params={"version": 999})
+    assert r.status_code == 404 and "999" in r.json()["error"]["message"]
+    assert holder.current.classes["chat"].max_batch_size == 16 and holder.version == 3  # nothing changed
+    for bad in ("x", "0", str(10**30)):
+        assert (await client.post("/admin/policy/rollback", params={"version": bad})).status_code == 400, bad
+    r = await client.post("/admin/policy/rollback", params={"version": 2}, json={"version": 1})
+    assert r.status_code == 400
+    r = await client.post("/admin/policy/rollback", params={"version": 2})
+    assert r.status_code == 200 and r.json()["rolled_back_to"] == 2  # not the previous one (3)
+    assert holder.current.classes["chat"].max_batch_size == 32
+
+
 async def test_admin_needs_an_admin_key_once_keys_exist(client: AsyncTestClient[Litestar], store: Store,
                                                         holder: PolicyHolder) -> None:
     admin_key, _ = await store.keys.create("dad", is_admin=True)
