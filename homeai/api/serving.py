@@ -1,5 +1,5 @@
 """What the OpenAI and Ollama routes share: who is asking, which class serves them, and one request's
-life in the engine with its metrics.
+life in the engine (metered by the gateway itself, like every other submission: see engine/metering.py).
 
 Class: header X-HomeAI-Class > the API key's default class > a model alias in the policy > the user's
 default class > the endpoint's default (``Gateway.route`` applies the last three). User: the API key's;
@@ -19,12 +19,12 @@ from typing import Any
 
 from litestar import Request
 
-from homeai.api.errors import ApiError, BadRequest, ClientGone, ServiceUnavailable, to_api_error
+from homeai.api.errors import ApiError, BadRequest, ServiceUnavailable, to_api_error
 from homeai.api.streaming import until_disconnect
 from homeai.core.types import FinishReason, SamplingParams, TokenDelta
-from homeai.engine.embed_service import EmbedResult, QueueTimeoutError
+from homeai.engine.embed_service import EmbedResult
 from homeai.engine.gateway import Gateway, Route
-from homeai.scheduling.class_queue import QueueFullError
+from homeai.engine.metering import outcome_of_delta
 
 log = logging.getLogger(__name__)
 
@@ -79,30 +79,6 @@ def gateway_of(request: Request[Any, Any, Any]) -> Gateway:
     return gateway
 
 
-class _SafeMetrics:
-    """Calls the metrics recorder, if there is one, and never lets a metrics bug fail a request."""
-
-    def __init__(self, recorder: Any) -> None:
-        self._recorder = recorder
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._recorder, name, None)
-
-        def call(*args: Any) -> None:
-            if method is None:
-                return
-            try:
-                method(*args)
-            except Exception:
-                log.exception("metrics %s failed", name)
-
-        return call
-
-
-def metrics_of(request: Request[Any, Any, Any]) -> Any:
-    return _SafeMetrics(getattr(request.app.state, "metrics", None))
-
-
 def normalize_model(model: str | None) -> str | None:
     """Ollama clients send ``name:latest``; we serve one version of each model."""
     if model and model.endswith(":latest"):
@@ -128,44 +104,34 @@ def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
 
 class Generation:
     """One LLM request in the engine: submitted by ``open`` (whose first delta decides the HTTP status),
-    then read by ``deltas`` or ``collect``. Leaving early aborts it; metrics see every outcome once."""
+    then read by ``deltas`` or ``collect``. Leaving early aborts it (the gateway meters the outcome)."""
 
     def __init__(self, request: Request[Any, Any, Any], route: Route, prompt_ids: list[int],
                  params: SamplingParams, ctx: RequestContext, kind: str) -> None:
         self.request = request
         self.gateway = gateway_of(request)
-        self.metrics = metrics_of(request)
         self.route, self.prompt_ids, self.params, self.ctx, self.kind = route, prompt_ids, params, ctx, kind
         self.request_id = uuid.uuid4().hex
         self.num_output_tokens = 0
         self._first: TokenDelta | None = None
         self._iterator: AsyncIterator[TokenDelta] | None = None
-        self._finished = False
 
     async def open(self) -> TokenDelta:
         """Queue the request and wait for its first delta; raises ApiError (400/429/503/499...)."""
         route, ctx = self.route, self.ctx
-        self.metrics.request_started(self.request_id, self.kind, route.class_name, ctx.user, route.model,
-                                     len(self.prompt_ids))
         self._iterator = self.gateway.generate(route, self.prompt_ids, self.params, ctx.user, self.request_id,
-                                               ctx.priority_level, ctx.timeout_us)
+                                               ctx.priority_level, ctx.timeout_us, kind=self.kind)
         try:
             first = await until_disconnect(self.request, anext(self._iterator))
         except BaseException as exc:
             await self._iterator.aclose()
-            self._finish(_status_of(exc))
-            if isinstance(exc, QueueFullError):
-                self.metrics.rejected(route.class_name, "queue_full")
             raise to_api_error(exc) if isinstance(exc, Exception) else exc from None
         if first.error is not None:
-            timeout = "timeout" in first.error
-            self._finish("timeout" if timeout else "error")
-            if timeout:
-                self.metrics.rejected(route.class_name, "timeout")
+            await self._iterator.aclose()
+            if outcome_of_delta(first) == "timeout":
                 raise ServiceUnavailable(f"{first.error} in class {route.class_name!r}", code="queue_timeout",
                                          headers={"Retry-After": "1"})
             raise ApiError(first.error, status_code=500, code="engine_error")
-        self.metrics.first_token(self.request_id)
         self._count(first)
         self._first = first
         return first
@@ -173,18 +139,13 @@ class Generation:
     async def deltas(self) -> AsyncIterator[TokenDelta]:
         """The first delta, then the rest; closing this generator early aborts the request."""
         assert self._first is not None and self._iterator is not None, "open() first"
-        status = "aborted"
-        try:
-            async with aclosing(self._iterator) as rest:
-                delta = self._first
+        async with aclosing(self._iterator) as rest:
+            delta = self._first
+            yield delta
+            while not delta.finished:
+                delta = await anext(rest)
+                self._count(delta)
                 yield delta
-                while not delta.finished:
-                    delta = await anext(rest)
-                    self._count(delta)
-                    yield delta
-                status = "error" if delta.error else "aborted" if delta.finish_reason == FinishReason.ABORT else "ok"
-        finally:
-            self._finish(status)
 
     async def collect(self) -> tuple[str, FinishReason | None]:
         """Non-streaming: the whole text and finish reason; a disconnect meanwhile aborts the request."""
@@ -202,29 +163,13 @@ class Generation:
         return text, finish_reason
 
     def _count(self, delta: TokenDelta) -> None:
-        n = len(delta.token_ids)
-        if n:
-            self.num_output_tokens += n
-            self.metrics.tokens(self.request_id, n)
-
-    def _finish(self, status: str) -> None:
-        if not self._finished:
-            self._finished = True
-            self.metrics.finished(self.request_id, status, self.num_output_tokens)
-
-
-def _status_of(exc: BaseException) -> str:
-    if isinstance(exc, QueueFullError):
-        return "rejected"
-    if isinstance(exc, (ClientGone, asyncio.CancelledError)):
-        return "aborted"
-    return "error"
+        self.num_output_tokens += len(delta.token_ids)
 
 
 async def run_embedding(request: Request[Any, Any, Any], route: Route, inputs: list[str] | list[list[int]],
                         ctx: RequestContext) -> EmbedResult:
     """Tokenize off the event loop, queue every input in the class, wait for the vectors."""
-    gateway, metrics = gateway_of(request), metrics_of(request)
+    gateway = gateway_of(request)
     embedder = gateway.embedders[route.model]
     if inputs and isinstance(inputs[0], str):
         rows = await asyncio.to_thread(embedder.tokenize, list(inputs))  # type: ignore[arg-type]
@@ -232,20 +177,11 @@ async def run_embedding(request: Request[Any, Any, Any], route: Route, inputs: l
         rows = [list(r) for r in inputs]  # type: ignore[arg-type]
         for i, row in enumerate(rows):
             check_token_ids(row, len(embedder.tokenizer), f"input[{i}]")
-    request_id = uuid.uuid4().hex
-    metrics.request_started(request_id, "embedding", route.class_name, ctx.user, route.model,
-                            sum(len(r) for r in rows))
     try:
-        result = await until_disconnect(request, gateway.embed(route, rows, ctx.user, ctx.priority_level,
-                                                               ctx.timeout_us))
-    except BaseException as exc:
-        status = "timeout" if isinstance(exc, QueueTimeoutError) else _status_of(exc)
-        metrics.finished(request_id, status, 0)
-        if status in ("rejected", "timeout"):
-            metrics.rejected(route.class_name, "queue_full" if status == "rejected" else "timeout")
-        raise to_api_error(exc) if isinstance(exc, Exception) else exc from None
-    metrics.finished(request_id, "ok", 0)
-    return result
+        return await until_disconnect(request, gateway.embed(route, rows, ctx.user, ctx.priority_level,
+                                                             ctx.timeout_us))
+    except Exception as exc:
+        raise to_api_error(exc) from None
 
 
 async def chat_prompt_ids(gateway: Gateway, model: str, messages: list[dict[str, Any]]) -> list[int]:

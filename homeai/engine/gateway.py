@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_id
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
 from homeai.engine.llm_engine import LLMEngine, RequestError
+from homeai.engine.metering import Meter, Submission
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
 from homeai.repository.entries import ModelEntry, load_entries
@@ -64,6 +66,7 @@ class Gateway:
     embed_service: EmbedService | None = None
     loop: DeviceLoop | None = None
     started_s: float = 0.0
+    meter: Meter = field(default_factory=Meter)  # every submission below is recorded here, once
 
     @property
     def policy(self) -> Policy:
@@ -160,9 +163,10 @@ class Gateway:
 
     def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,
                  request_id: str | None = None, priority_level: int | None = None,
-                 timeout_us: int | None = None) -> AsyncIterator[TokenDelta]:
+                 timeout_us: int | None = None, kind: str = "completion") -> AsyncIterator[TokenDelta]:
         """Stream token deltas. Awaiting the first one raises RequestError (400) or QueueFullError
-        (429) at once; a queue timeout arrives as a delta with ``error`` set (503)."""
+        (429) at once; a queue timeout arrives as a delta with ``error`` set (503). Metered: ``kind``
+        (chat, completion, response) goes into the record."""
         cp = self.policy.classes[route.class_name]
         if cp.max_prompt_tokens and len(prompt_ids) > cp.max_prompt_tokens:
             raise RequestError(f"prompt has {len(prompt_ids)} tokens; class {route.class_name!r} allows "
@@ -172,12 +176,18 @@ class Gateway:
         extra = {k: v for k, v in (("priority_level", priority_level), ("timeout_us", timeout_us)) if v}
         engine = self.llm(route.model)
         seq_meta: dict[str, Any] = {"class_name": route.class_name, "user": user}
-        return engine.generate(prompt_ids, params, request_id, **seq_meta, extra=extra)
+        request_id = request_id or uuid.uuid4().hex
+        sub = Submission(request_id, kind, route.class_name, user, route.model, len(prompt_ids))
+        return self.meter.stream(sub, engine.generate(prompt_ids, params, request_id, **seq_meta, extra=extra))
 
     async def embed(self, route: Route, inputs: list[str] | list[list[int]], user: str,
                     priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
+        """Vectors for ``inputs`` (token rows, or texts tokenized here); metered as one submission."""
         assert self.embed_service is not None
-        return await self.embed_service.embed(route.class_name, inputs, user, priority_level, timeout_us)
+        num_tokens = sum(len(row) for row in inputs if not isinstance(row, str))
+        sub = Submission(uuid.uuid4().hex, "embedding", route.class_name, user, route.model, num_tokens)
+        work = self.embed_service.embed(route.class_name, inputs, user, priority_level, timeout_us)
+        return await self.meter.call(sub, work)
 
     # ---- stats -----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

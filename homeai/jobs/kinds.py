@@ -42,7 +42,8 @@ async def run_prompt(gateway: Any, job: JobInfo, prompt: str) -> str:
                             max_tokens=int(spec.get("max_tokens") or 256))
     for _ in range(MAX_QUEUE_RETRIES):
         try:
-            return await _collect(gateway.generate(route, ids, params, user, f"job{job.id}-{uuid.uuid4().hex}"))
+            return await _collect(gateway.generate(route, ids, params, user, f"job{job.id}-{uuid.uuid4().hex}",
+                                                  kind="chat"))
         except QueueFullError as e:
             await asyncio.sleep(max(0.5, e.retry_after_s))
     raise RuntimeError(f"class {route.class_name!r} stayed full")
