@@ -20,6 +20,7 @@ import numpy as np
 
 from homeai.jobs.chunking import DEFAULT_OVERLAP_TOKENS, DEFAULT_SIZE_TOKENS, Chunk, chunk_text
 from homeai.jobs.parsing import ParseError, extract_text
+from homeai.jobs.pause_point import pause_after_files
 from homeai.jobs.progress import Progress
 from homeai.jobs.scanning import FoundFile, deleted_paths, diff_file, scan_folder
 from homeai.store.collections import Collections, NewChunk, StoredDocument
@@ -228,6 +229,7 @@ class Indexer:
             if item.error:
                 outcome.failed.append(f"{item.file.path}: {item.error}")
                 log.warning("indexing %s: %s", item.file.path, item.error)
+            await pause_after_files(outcome.num_indexed)  # test-only: a place to SIGKILL at
 
     async def _save_progress(self) -> None:
         if self.jobs is None or self.job_id is None:

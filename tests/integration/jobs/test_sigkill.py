@@ -1,11 +1,17 @@
-"""Nothing lost: kill -9 the server in the middle of indexing a few hundred files, start it again, and
-the job resumes by itself; its chunks then equal those of a clean run of the same folder, none
-duplicated and none missing."""
+"""Nothing lost: kill -9 the server in the middle of indexing a folder, start it again, and the job
+resumes by itself; its chunks then equal those of a clean run of the same folder, none duplicated and
+none missing.
+
+The kill lands at a known place: the server runs with the indexer's test-only pause point armed
+(homeai/jobs/pause_point.py), so the job commits exactly ``PAUSE_AFTER_FILES`` files, writes a marker
+and blocks; the test waits for the marker rather than racing a progress poll against the job.
+"""
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,9 +19,11 @@ import pytest
 from server_launcher import ServerProcess
 from sqlalchemy import text
 
+from homeai.jobs.pause_point import PAUSE_AFTER_FILES_ENV, PAUSE_MARKER_ENV
 from tests.integration.jobs.conftest import add_job, database, wait_job
 
-NUM_FILES = 240
+NUM_FILES = 120
+PAUSE_AFTER_FILES = 40
 WORDS = ("apple river mountain tax garden recipe school holiday train music doctor invoice garage bicycle "
          "window letter insurance birthday piano football").split()
 
@@ -41,41 +49,60 @@ def chunk_rows(server: ServerProcess, collection: str) -> list[tuple[str, int, s
         engine.dispose()
 
 
-def kill_mid_run(server: ServerProcess, http: httpx.Client, job_id: int, timeout_s: float = 120.0) -> int:
-    """SIGKILL once some files but not all are committed; returns how many were."""
+@pytest.fixture
+def armed_server(jobs_server: ServerProcess, tmp_path: Path) -> Iterator[tuple[ServerProcess, Path]]:
+    """The jobs server restarted with the pause point armed (marker in tmp), and its marker path; the
+    server is unarmed afterwards, and running again for the tests that follow."""
+    marker = tmp_path / "paused"
+    jobs_server.stop()
+    jobs_server.env.update({PAUSE_AFTER_FILES_ENV: str(PAUSE_AFTER_FILES), PAUSE_MARKER_ENV: str(marker)})
+    try:
+        jobs_server.start()
+        yield jobs_server, marker
+    finally:
+        jobs_server.env.pop(PAUSE_AFTER_FILES_ENV)
+        jobs_server.env.pop(PAUSE_MARKER_ENV)
+        jobs_server.stop()
+        jobs_server.start()
+
+
+def wait_paused(http: httpx.Client, job_id: int, marker: Path, timeout_s: float = 180.0) -> None:
+    """Until the job has committed PAUSE_AFTER_FILES files and blocks at the pause point."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        progress = http.get(f"/v1/jobs/{job_id}").json()["progress"]
-        if 0 < progress["done_files"] < NUM_FILES and progress["total_files"] == NUM_FILES:
-            server.kill()
-            return int(progress["done_files"])
-        if progress["done_files"] >= NUM_FILES:
-            pytest.fail("the job finished before it could be killed")
-        time.sleep(0.02)
-    pytest.fail("the job did not start committing files")
+    while not marker.exists():
+        job = http.get(f"/v1/jobs/{job_id}").json()
+        assert job["state"] in ("queued", "running"), f"the job ended before the pause point: {job}"
+        assert time.monotonic() < deadline, f"no pause marker after {timeout_s} s: {job}"
+        time.sleep(0.1)
+    assert marker.read_text() == str(PAUSE_AFTER_FILES)
 
 
-def test_sigkill_mid_run_then_restart_loses_and_duplicates_nothing(jobs_server: ServerProcess, tmp_path: Path) -> None:
+def test_sigkill_mid_run_then_restart_loses_and_duplicates_nothing(
+        armed_server: tuple[ServerProcess, Path], tmp_path: Path) -> None:
+    server, marker = armed_server
     root = tmp_path / "notes"
     write_folder(root)
-    with httpx.Client(base_url=jobs_server.url, timeout=60) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         job_id = add_job(http, kind="index", path=str(root), collection="killed")["id"]
-        seen_done = kill_mid_run(jobs_server, http, job_id)
-    committed = {p for p, _, _ in chunk_rows(jobs_server, "killed")}
-    assert seen_done <= len(committed) < NUM_FILES
+        wait_paused(http, job_id, marker)
+        job = http.get(f"/v1/jobs/{job_id}").json()
+        assert job["state"] == "running" and job["progress"]["done_files"] == PAUSE_AFTER_FILES, job
+    server.kill()
+    committed = {p for p, _, _ in chunk_rows(server, "killed")}
+    assert len(committed) == PAUSE_AFTER_FILES
 
-    jobs_server.start()  # the job was "running": it resumes on its own
-    with httpx.Client(base_url=jobs_server.url, timeout=60) as http:
+    server.start()  # the job was "running": it resumes on its own (the marker exists: no second pause)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         resumed = wait_job(http, job_id)
         clean = wait_job(http, add_job(http, kind="index", path=str(root), collection="clean")["id"])
     runs = resumed["runs"]
     assert [r["state"] for r in runs[:2]] == ["done", "interrupted"]
-    assert f"{NUM_FILES - len(committed)} files indexed" in runs[0]["output"]
-    assert f"{len(committed)} unchanged" in runs[0]["output"]
+    assert runs[0]["output"].startswith(f"{NUM_FILES - PAUSE_AFTER_FILES} files indexed")
+    assert f"{PAUSE_AFTER_FILES} unchanged" in runs[0]["output"]
     progress = resumed["progress"]
     assert progress["done_chunks"] == progress["total_chunks"] == clean["progress"]["total_chunks"]
 
-    killed_rows, clean_rows = chunk_rows(jobs_server, "killed"), chunk_rows(jobs_server, "clean")
+    killed_rows, clean_rows = chunk_rows(server, "killed"), chunk_rows(server, "clean")
     assert len(clean_rows) >= NUM_FILES and len(set(clean_rows)) == len(clean_rows)
     assert len(set(killed_rows)) == len(killed_rows), "duplicated chunks"
     assert killed_rows == clean_rows
