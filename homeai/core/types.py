@@ -17,6 +17,22 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"
 
 
+class ConstraintKind(enum.StrEnum):
+    """What a constraint's ``spec`` holds."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON Schema (JSON text); the output is one instance of it
+    JSON_OBJECT = "json_object"  # any JSON object (spec unused)
+    STRUCTURAL_TAG = "structural_tag"  # xgrammar's structural tag (JSON text): tool calls among text
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A grammar the output must follow. Hashable, so compiled grammars are cached per constraint."""
+
+    kind: ConstraintKind
+    spec: str = ""
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """How to pick tokens and when to stop. temperature 0 means greedy."""
@@ -33,10 +49,21 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    constraint: Constraint | None = None  # None: unconstrained (pays nothing for grammars)
+    logprobs: int | None = None  # None: none wanted; k >= 0: the sampled token's and k top alternatives
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """A sampled token's logprob and the ``top`` alternatives, all from the distribution it was drawn from."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -50,6 +77,7 @@ class TokenDelta:
     num_output_tokens: int
     finish_reason: FinishReason | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when asked for
 
     @property
     def finished(self) -> bool:
@@ -93,3 +121,4 @@ class StepOutput:
 
     sampled: dict[int, int] = field(default_factory=dict)  # seq_id -> token id
     logprobs: dict[int, float] = field(default_factory=dict)  # seq_id -> logprob of the sampled token
+    top_logprobs: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # seq_id -> when asked

@@ -13,6 +13,7 @@ from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
 from homeai.runtime.device import choose_device, parse_dtype
+from homeai.runtime.grammar import GrammarCache
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
 from homeai.scheduling.fcfs import FCFSScheduler
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     device: str | None = None
     dtype: str | None = None
+    quantization: str = "none"  # "int8": per-channel int8 weights (homeai.runtime.quant)
     kv_cache_mb: int = 256
     block_size: int = 16
     max_model_len: int = 2048
@@ -50,22 +52,23 @@ def build_llm_engine(folder: Path, config: EngineConfig | None = None,
     t0 = time.perf_counter()
     device = choose_device(cfg.device)
     dtype = parse_dtype(cfg.dtype, device)
-    model = LlamaModel.from_folder(folder, device, dtype)
+    model = LlamaModel.from_folder(folder, device, dtype, cfg.quantization)
     mc = model.cfg
     per_block = KVCache.bytes_per_block(mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype)
     num_blocks = max(1, cfg.kv_cache_mb * 2**20 // per_block)
     cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim, device, dtype)
     block_manager = BlockManager(num_blocks, cfg.block_size)
-    runner = ModelRunner(model, block_manager, cache)
+    tokenizer = load_tokenizer(folder)
+    stop_ids = eos_ids(folder, model, tokenizer)
+    runner = ModelRunner(model, block_manager, cache, GrammarCache(tokenizer, mc.vocab_size, stop_ids))
     if scheduler is None:
         scheduler = FCFSScheduler(block_manager, cfg.max_num_batched_tokens, cfg.max_num_seqs)
     else:
         scheduler.block_manager = block_manager
-    tokenizer = load_tokenizer(folder)
     max_len = min(cfg.max_model_len, mc.max_position_embeddings)
-    engine = LLMEngine(runner, scheduler, tokenizer, eos_ids(folder, model, tokenizer), max_len)
-    log.info("LLM %s ready on %s/%s in %.2fs: %d KV blocks of %d tokens", folder.name, device, dtype,
-             time.perf_counter() - t0, num_blocks, cfg.block_size)
+    engine = LLMEngine(runner, scheduler, tokenizer, stop_ids, max_len)
+    log.info("LLM %s ready on %s/%s (weights %s) in %.2fs: %d KV blocks of %d tokens", folder.name, device,
+             dtype, cfg.quantization, time.perf_counter() - t0, num_blocks, cfg.block_size)
     return engine
 
 

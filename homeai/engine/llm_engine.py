@@ -10,6 +10,7 @@ and publishes the step's token deltas to the consumers' event loops.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -20,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from homeai.core.sequence import Sequence
-from homeai.core.types import FinishReason, SamplingParams, TokenDelta
+from homeai.core.types import Constraint, FinishReason, SamplingParams, StepOutput, TokenDelta, TokenLogprob
 from homeai.engine.detokenizer import IncrementalDetokenizer
 from homeai.engine.model_runner import ModelRunner
 from homeai.engine.streams import StreamRegistry
+from homeai.runtime.grammar import GrammarError
 from homeai.scheduling.interface import StepScheduler
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class LLMEngine:
                        request_id: str | None = None, **meta: Any) -> AsyncIterator[TokenDelta]:
         """Stream deltas until the request finishes; leaving early (disconnect) aborts it."""
         seq = self.make_sequence(prompt_token_ids, params, request_id, **meta)
+        if params.constraint is not None:
+            await self.compile_constraint(params.constraint)
         queue = self.streams.open(seq.request_id)
         try:
             self.scheduler.add(seq)  # may raise QueueFullError at once (HTTP 429)
@@ -119,6 +123,16 @@ class LLMEngine:
             self.streams.close(seq.request_id)
             if not finished:
                 self.abort(seq.request_id)
+
+    async def compile_constraint(self, constraint: Constraint) -> None:
+        """Compile (or find cached) a constraint's grammar on a worker thread, never the device thread."""
+        grammars = self.runner.grammars
+        if grammars is None:
+            raise RequestError("this model serves no constrained output")
+        try:
+            await asyncio.to_thread(grammars.compile, constraint)
+        except GrammarError as exc:
+            raise RequestError(str(exc)) from exc
 
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
@@ -156,7 +170,7 @@ class LLMEngine:
         if not plan.is_empty:
             st.num_steps += 1
             st.num_tokens_generated += len(output.sampled)
-        deltas = [self._delta(seq) for seq in touched]
+        deltas = [self._delta(seq, output) for seq in touched]
         for seq in touched:
             if seq.status.is_finished:
                 self.runner.release(seq.seq_id)
@@ -172,13 +186,17 @@ class LLMEngine:
         """Abort every sequence with an error (after a failed step), keeping the loop alive."""
         self._fail_all(message)
 
-    def _delta(self, seq: Sequence) -> TokenDelta:
+    def _delta(self, seq: Sequence, output: StepOutput | None = None) -> TokenDelta:
         emitted = seq.extra.get("emitted", 0)
         new_ids = seq.output_token_ids[emitted:]
         seq.extra["emitted"] = len(seq.output_token_ids)
         text, seq.pending_text = seq.pending_text, ""
-        return TokenDelta(seq.request_id, text, new_ids, seq.num_prompt_tokens, seq.num_output_tokens,
-                          seq.status.finish_reason, seq.extra.get("error"))
+        delta = TokenDelta(seq.request_id, text, new_ids, seq.num_prompt_tokens, seq.num_output_tokens,
+                           seq.status.finish_reason, seq.extra.get("error"))
+        sid = seq.seq_id
+        if seq.params.logprobs is not None and output is not None and sid in output.sampled and new_ids:
+            delta.logprobs = [TokenLogprob(output.sampled[sid], output.logprobs[sid], output.top_logprobs.get(sid, []))]
+        return delta
 
     def _fail_all(self, message: str) -> None:
         deltas = []

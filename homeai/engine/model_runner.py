@@ -13,6 +13,7 @@ import torch
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import StepOutput, StepPlan
+from homeai.runtime.grammar import GrammarCache, SequenceGrammars
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import AttentionMetadata, LlamaModel, PrefillChunk
 from homeai.runtime.sampler import Sampler, make_generator
@@ -28,19 +29,24 @@ class BatchInputs:
 
 
 class ModelRunner:
-    """Owns the model, the KV cache tensors and per-sequence random generators."""
+    """Owns the model, the KV cache tensors, per-sequence random generators and grammar matchers."""
 
-    def __init__(self, model: LlamaModel, block_manager: BlockManager, cache: KVCache) -> None:
+    def __init__(self, model: LlamaModel, block_manager: BlockManager, cache: KVCache,
+                 grammars: GrammarCache | None = None) -> None:
         self.model = model
         self.block_manager = block_manager
         self.cache = cache
         self.device = model.device
         self.sampler = Sampler()
+        self.grammars = grammars  # None: this model serves no constrained requests
+        self._matchers = SequenceGrammars(grammars) if grammars is not None else None
         self._generators: dict[int, torch.Generator] = {}
 
     def release(self, seq_id: int) -> None:
-        """Forget a finished sequence's generator."""
+        """Forget a finished sequence's generator and grammar matcher."""
         self._generators.pop(seq_id, None)
+        if self._matchers is not None:
+            self._matchers.reset(seq_id)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.params.is_greedy:
@@ -111,7 +117,20 @@ class ModelRunner:
             sample_seqs=sample_seqs,
         )
 
+    def _token_mask(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
+        """The grammar bitmask of the constrained rows (None when no row is constrained: no cost)."""
+        rows = [i for i, s in enumerate(seqs) if s.params.constraint is not None]
+        if not rows or self._matchers is None:
+            return None
+        constraints = [c for c in (seqs[i].params.constraint for i in rows) if c is not None]
+        bitmask = self._matchers.fill([seqs[i].seq_id for i in rows], constraints,
+                                      [seqs[i].output_token_ids for i in rows])
+        return bitmask, rows
+
     def execute(self, plan: StepPlan, seqs: dict[int, Sequence]) -> StepOutput:
+        if self._matchers is not None:
+            for seq_id in plan.preempted:  # recomputed later: the matcher replays its tokens then
+                self._matchers.reset(seq_id)
         if plan.is_empty:
             return StepOutput()
         batch = self.prepare(plan, seqs)
@@ -120,10 +139,16 @@ class ModelRunner:
         if not batch.sample_seqs:
             return out
         ss = batch.sample_seqs
+        # Filled after the forward pass is queued, so on a GPU the host writes masks while it computes.
+        token_mask = self._token_mask(ss)
         tokens, logprobs = self.sampler.sample(
             logits, [s.params for s in ss], [s.prompt_token_ids for s in ss],
-            [s.output_token_ids for s in ss], [self._generator(s) for s in ss])
-        for seq, tok, lp in zip(ss, tokens.tolist(), logprobs.tolist(), strict=True):
+            [s.output_token_ids for s in ss], [self._generator(s) for s in ss], token_mask)
+        for row, (seq, tok, lp) in enumerate(zip(ss, tokens.tolist(), logprobs.tolist(), strict=True)):
             out.sampled[seq.seq_id] = tok
             out.logprobs[seq.seq_id] = lp
+            if row in self.sampler.last_top_logprobs:
+                out.top_logprobs[seq.seq_id] = self.sampler.last_top_logprobs[row]
+            if self._matchers is not None and seq.params.constraint is not None:
+                self._matchers.advance(seq.seq_id, tok)
         return out

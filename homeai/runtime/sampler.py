@@ -129,6 +129,23 @@ def _race(logits: Tensor, rows: list[int], index: Tensor, generators: list[torch
     return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
 
 
+def apply_token_mask(logits: Tensor, bitmask: Tensor, rows: list[int]) -> Tensor:
+    """Mask the tokens a grammar forbids in ``rows``: bit j of ``bitmask[i]`` word j // 32 allows token j.
+
+    Returns a new tensor; other rows are untouched, so an unconstrained neighbour samples as if alone.
+    """
+    device = logits.device
+    vocab_size = logits.shape[1]
+    words = bitmask.to(device, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().view(len(rows), -1)
+    if allowed.shape[1] < vocab_size:  # logits wider than the tokenizer's vocabulary: the rest is padding
+        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]), value=False)
+    index = torch.tensor(rows, dtype=torch.long, device=device)
+    masked = logits.index_select(0, index).masked_fill(~allowed[:, :vocab_size], -math.inf)
+    return logits.index_copy(0, index, masked)
+
+
 def _to_host(tokens: Tensor, logprobs: Tensor) -> tuple[Tensor, Tensor]:
     """One device->host copy: the float32 logprobs travel as their int32 bit pattern beside the ids."""
     bits = logprobs.float().contiguous().view(torch.int32).long()
@@ -136,8 +153,26 @@ def _to_host(tokens: Tensor, logprobs: Tensor) -> tuple[Tensor, Tensor]:
     return packed[0], packed[1].int().view(torch.float32)
 
 
+def top_logprobs(logprobs: Tensor, params: list[SamplingParams]) -> dict[int, list[tuple[int, float]]]:
+    """Row -> the k most likely (token id, logprob) pairs, for the rows that ask for k > 0 alternatives."""
+    rows = [i for i, p in enumerate(params) if p.logprobs]
+    if not rows:
+        return {}
+    k = max(params[i].logprobs or 0 for i in rows)
+    index = torch.tensor(rows, dtype=torch.long, device=logprobs.device)
+    values, ids = logprobs.index_select(0, index).topk(k, dim=-1)
+    values, ids = values.cpu().tolist(), ids.cpu().tolist()
+    return {row: list(zip(ids[j][: params[row].logprobs], values[j][: params[row].logprobs], strict=True))
+            for j, row in enumerate(rows)}
+
+
 class Sampler:
     """Turns one step's logits into the next token of every sequence that samples."""
+
+    last_top_logprobs: dict[int, list[tuple[int, float]]]
+
+    def __init__(self) -> None:
+        self.last_top_logprobs = {}
 
     def sample(
         self,
@@ -146,16 +181,23 @@ class Sampler:
         prompt_ids: list[list[int]],
         output_ids: list[list[int]],
         generators: list[torch.Generator | None],
+        token_mask: tuple[Tensor, list[int]] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Pick tokens for logits [N, V]; returns (token ids [N] long, logprobs [N] float) on the CPU.
 
+        ``token_mask`` (a grammar bitmask and the rows it covers) forbids tokens before anything else.
         A logprob is the log-softmax, at the chosen token, of the distribution actually sampled from
-        (after penalties, temperature and filters); for a greedy row, of the penalized logits.
+        (after the mask, penalties, temperature and filters); for a greedy row, of the penalized logits.
+        Rows that ask for top alternatives find them in ``last_top_logprobs`` (same distribution).
         The input ``logits`` is never modified.
         """
+        self.last_top_logprobs = {}
         if logits.shape[0] == 0:
             return torch.empty(0, dtype=torch.long), torch.empty(0)
-        logits = apply_penalties(logits.float(), params, prompt_ids, output_ids)
+        logits = logits.float()
+        if token_mask is not None:
+            logits = apply_token_mask(logits, *token_mask)
+        logits = apply_penalties(logits, params, prompt_ids, output_ids)
         sampling_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if sampling_rows:
             logits = apply_filters(logits, params)
@@ -164,5 +206,10 @@ class Sampler:
             index = torch.tensor(sampling_rows, dtype=torch.long, device=logits.device)
             picks = _race(logits, sampling_rows, index, generators)
             tokens = tokens.index_copy(0, index, picks)
-        logprobs = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - logits.logsumexp(dim=-1)
+        if any(p.logprobs for p in params):
+            distribution = logits.log_softmax(dim=-1)
+            self.last_top_logprobs = top_logprobs(distribution, params)
+            logprobs = distribution.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        else:
+            logprobs = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - logits.logsumexp(dim=-1)
         return _to_host(tokens, logprobs)

@@ -163,3 +163,37 @@ def test_cuda_seeded_rows_reproducible() -> None:
     assert first[0].device.type == "cpu"
     assert torch.equal(first[0], torch.full((4,), int(first[0][0])))
     assert torch.equal(again[0], first[0][:2])
+
+
+def bitmask_allowing(allowed: list[list[int]], vocab: int = VOCAB) -> torch.Tensor:
+    """xgrammar's layout: int32 words, bit j % 32 of word j // 32 allows token j."""
+    words = torch.zeros(len(allowed), (vocab + 31) // 32, dtype=torch.int64)
+    for row, ids in enumerate(allowed):
+        for t in ids:
+            words[row, t // 32] |= 1 << (t % 32)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # bit 31 is the sign bit
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_token_mask_constrains_only_its_rows(device: str) -> None:
+    logits = random_logits(3, seed=4).to(device)
+    original = logits.clone()
+    allowed = [[3, 31, 33], [0, 49]]  # rows 0 and 2 are constrained; 31 and 49 use bit 31 / word 1
+    mask = (bitmask_allowing(allowed), [0, 2])
+    params = [SamplingParams(temperature=1.0, seed=s, logprobs=2) for s in range(3)]
+    gens = [make_generator(s, device) for s in range(3)]
+    free_tokens, free_lps = Sampler().sample(logits, params, [[]] * 3, [[]] * 3,
+                                             [make_generator(s, device) for s in range(3)])
+    for _ in range(20):
+        sampler = Sampler()
+        tokens, logprobs = sampler.sample(logits, params, [[]] * 3, [[]] * 3, gens, mask)
+        assert int(tokens[0]) in allowed[0] and int(tokens[2]) in allowed[1]
+        # Logprobs come from the masked distribution: the allowed tokens share all the mass.
+        expected = logits[0, allowed[0]].log_softmax(-1).cpu()
+        assert math.isclose(float(logprobs[0]), float(expected[allowed[0].index(int(tokens[0]))]), abs_tol=1e-5)
+        assert {t for t, _ in sampler.last_top_logprobs[0]} <= set(allowed[0])
+    assert torch.equal(logits, original)
+    first, first_lp = Sampler().sample(logits, params, [[]] * 3, [[]] * 3,
+                                       [make_generator(s, device) for s in range(3)], mask)
+    assert int(first[1]) == int(free_tokens[1]) and float(first_lp[1]) == float(free_lps[1])
