@@ -39,6 +39,8 @@ class PromSeries:
                                      ["user", "class_name"], registry=reg)
         self.generation_tokens = Counter("homeai_generation_tokens", "Tokens generated",
                                          ["user", "class_name"], registry=reg)
+        self.started = Counter("homeai_requests_started", "Requests submitted (started minus finished: in flight)",
+                               ["class_name"], registry=reg)
         self.requests = Counter("homeai_requests", "Finished requests", ["class_name", "status"], registry=reg)
         self.rejections = Counter("homeai_rejections", "Requests rejected", ["class_name", "reason"],
                                   registry=reg)

@@ -99,6 +99,7 @@ class MetricsRecorder:
             kind, class_name, user, model, num_prompt_tokens, now,
             series.child(series.itl, class_name), series.child(series.generation_tokens, user, class_name),
             self._window(self._itl, class_name, self._new_latency), self._window(self._user_gen, user, RateWindow))
+        series.child(series.started, class_name).inc()
         if num_prompt_tokens > 0:
             self.series.child(self.series.prompt_tokens, user, class_name).inc(num_prompt_tokens)
             self._window(self._user_prompt, user, RateWindow).add(now, num_prompt_tokens)

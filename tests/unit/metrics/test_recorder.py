@@ -172,6 +172,7 @@ def test_prometheus_text_has_labelled_series(rec: MetricsRecorder, clock: Virtua
         'homeai_prompt_tokens_total{class_name="voice",user="kids"} 30.0',
         'homeai_generation_tokens_total{class_name="voice",user="kids"} 2.0',
         'homeai_requests_total{class_name="voice",status="ok"} 1.0',
+        'homeai_requests_started_total{class_name="voice"} 1.0',
         'homeai_rejections_total{class_name="chat",reason="queue_full"} 1.0',
         'homeai_running{class_name="chat"} 2.0',
         'homeai_waiting{class_name="chat"} 3.0',
@@ -181,6 +182,16 @@ def test_prometheus_text_has_labelled_series(rec: MetricsRecorder, clock: Virtua
     ):
         assert line in text, line
     assert "homeai_running{" not in rec.prometheus_text().decode()  # the snapshot is per scrape
+
+
+def test_started_minus_finished_is_what_is_in_flight(rec: MetricsRecorder) -> None:
+    rec.request_started("a", "chat", "chat", "u", "m", 1)
+    rec.request_started("b", "chat", "chat", "u", "m", 1)
+    rec.finished("a", "aborted", 0)
+    text = rec.prometheus_text().decode()
+    assert 'homeai_requests_started_total{class_name="chat"} 2.0' in text
+    assert 'homeai_requests_total{class_name="chat",status="aborted"} 1.0' in text
+    assert rec.num_live() == 1
 
 
 def test_separate_registries() -> None:
