@@ -27,15 +27,14 @@ from homeai.api.jobs_routes import jobs_router
 from homeai.api.observability_routes import observability_router
 from homeai.api.ollama_routes import OllamaController, ollama_root, ollama_root_head
 from homeai.api.openai_routes import OpenAIController
-from homeai.api.policy_apply import record_running_policy, remember_text
+from homeai.api.policy_apply import record_running_policy
+from homeai.api.policy_startup import PolicyRefusal, fall_back_to_stored, startup_holder
 from homeai.api.policy_watcher import start_policy_watcher
 from homeai.api.responses_routes import ResponsesController
 from homeai.api.settings import Settings
 from homeai.engine.gateway import Gateway, GatewayConfig
 from homeai.engine.metering import Meter
 from homeai.metrics.recorder import MetricsRecorder
-from homeai.policy.loader import load_policy
-from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -43,12 +42,16 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
-    """SQLite (users, keys, request log, policy versions); the running policy is recorded once."""
+    """SQLite (users, keys, request log, policy versions); the running policy is recorded once. After
+    a refused policy file, the newest valid stored version replaces the packaged default first."""
     settings = app.state.settings
     store = Store(settings.database_url) if settings.database_url else Store.in_dir(settings.data_dir)
     await store.init()
     app.state.store = store
+    refusal: PolicyRefusal | None = app.state.get("policy_refusal")
     try:
+        if refusal is not None:
+            await fall_back_to_stored(app.state.policy_holder, store, refusal)
         await record_running_policy(app.state.policy_holder, store)
     except Exception:
         log.exception("could not record the running policy in the store")
@@ -89,12 +92,11 @@ async def policy_watcher_lifespan(app: Litestar) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
-    """Build the app; the policy is read here, so an invalid one fails before anything starts."""
+    """Build the app; the policy is read here. An invalid file is refused (logged, reported by /readyz)
+    and the server starts on a fallback policy rather than not at all."""
     settings = settings or Settings()
     policy_path = settings.prepare_data_dir()
-    text = policy_path.read_text(encoding="utf-8")
-    holder = PolicyHolder(load_policy(policy_path), source=str(policy_path))
-    remember_text(holder, text)
+    holder, refusal = startup_holder(policy_path)
     handlers: list[Any] = [OpenAIController, ResponsesController, OllamaController, ollama_root, ollama_root_head,
                            admin_router, observability_router, jobs_router]
     return Litestar(
@@ -105,7 +107,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         lifespan=[store_lifespan, engine_lifespan, background_lifespan, policy_watcher_lifespan],
         request_max_body_size=settings.max_body_bytes,
         state=State({"settings": settings, "bind_host": settings.host, "policy_holder": holder,
-                     "policy_path": policy_path, "metrics": MetricsRecorder(), "gateway": None, "store": None}),
+                     "policy_path": policy_path, "metrics": MetricsRecorder(), "gateway": None, "store": None,
+                     "policy_refusal": refusal}),
         openapi_config=OpenAPIConfig(title="HomeAI Gateway", version="0.1.0", path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),
     )

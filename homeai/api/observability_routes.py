@@ -5,8 +5,8 @@
     GET /v1/stats/stream   the same as server-sent events (event "stats"), about twice a second
                            (``?count=N``: stop after N events)
     GET /healthz           the process answers: always {"status": "ok"}
-    GET /readyz            200 "ready" once the gateway runs ("degraded" if the store does not answer or
-                           the request log cannot write),
+    GET /readyz            200 "ready" once the gateway runs ("degraded" if the store does not answer, the
+                           request log cannot write, or the policy file was refused at start-up),
                            503 "starting" before
 
 Uses ``app.state.metrics`` (a MetricsRecorder), ``app.state.gateway`` (``snapshot()``, ``started_s``),
@@ -58,9 +58,20 @@ def _recorder(state: State) -> MetricsRecorder:
     return recorder  # type: ignore[no-any-return]
 
 
+def policy_status(state: State) -> dict[str, Any]:
+    """``{"status": "ok"}``, or the start-up refusal of the policy file while its fallback still runs."""
+    holder = state.get("policy_holder")
+    refusal = state.get("policy_refusal")
+    if refusal is not None and holder is not None and refusal.is_current(holder):
+        return refusal.as_dict()  # type: ignore[no-any-return]
+    return {"status": "ok"}
+
+
 def stats_document(state: State) -> dict[str, Any]:
     holder = state.get("policy_holder")
-    return build_stats(_recorder(state), _snapshot(state), holder.current if holder is not None else None)
+    doc = build_stats(_recorder(state), _snapshot(state), holder.current if holder is not None else None)
+    doc["policy"] = policy_status(state)  # the TUI shows a refused policy file from here
+    return doc
 
 
 @get("/metrics", media_type=CONTENT_TYPE_LATEST, summary="Prometheus metrics", include_in_schema=False,
@@ -120,7 +131,11 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     writer = state.get("request_log")  # the request-log writer: unhealthy while its writes fail
     if writer is not None and not writer.healthy and store_state == "ok":
         store_state = "slow"
-    body: dict[str, Any] = {"status": "ready" if store_state in ("ok", "absent") else "degraded", "store": store_state}
+    policy = policy_status(state)
+    healthy = store_state in ("ok", "absent") and policy["status"] == "ok"
+    body: dict[str, Any] = {"status": "ready" if healthy else "degraded", "store": store_state, "policy": policy}
+    if policy["status"] != "ok":
+        body["reason"] = policy["reason"]
     served = getattr(gateway, "served_models", None)
     if callable(served):
         body["models"] = served()

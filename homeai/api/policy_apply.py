@@ -20,6 +20,7 @@ import yaml
 
 from homeai.policy.loader import diff_policies, parse_policy
 from homeai.policy.store import PolicyHolder
+from homeai.repository.entries import EntryError, load_entries
 from homeai.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,16 @@ class Applied:
     stored_version: int | None = None
     warning: str | None = None
     written_to: str | None = None
+
+
+def repository_models() -> frozenset[str] | None:
+    """The model repository's names, which a class's ``model`` must be one of (None: no repository
+    to check against, and the gateway reports a missing model when it loads)."""
+    try:
+        return frozenset(load_entries())
+    except EntryError as e:
+        log.warning("cannot read the model repository to check policy models: %s", e)
+        return None
 
 
 def remember_text(holder: PolicyHolder, text: str) -> None:
@@ -91,7 +102,7 @@ async def apply_policy_text(holder: PolicyHolder, store: Store | None, text: str
     record it; with ``persist_to``, also write it there (atomically) so that a restart keeps it.
     Text identical to the running one is a no-op; a comment-only edit is applied (its text becomes
     the running text) with an empty diff."""
-    policy = parse_policy(text, source)
+    policy = parse_policy(text, source, repository_models())
     async with policy_lock(holder):
         if text == running_text(holder):
             return Applied(changed=False, swap_version=holder.version)

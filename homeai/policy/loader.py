@@ -3,12 +3,17 @@
 Every error names the file, the key path (``classes.voice.default_queue_policy.max_queue_size``),
 the line where that key sits, and the problem. Duplicate YAML keys are errors too: PyYAML would
 silently keep the last one, which is exactly the kind of mistake a policy file must not hide.
+
+With ``known_models`` (the model repository's names; the server passes them), a class naming a model
+the repository lacks is reported at ``classes.<name>.model``; the alias pinned to that class's old
+model would otherwise be the only thing reported, at the wrong key.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +62,40 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_policy(path: str | Path) -> Policy:
+def load_policy(path: str | Path, known_models: Collection[str] | None = None) -> Policy:
     """Read and validate a policy file; raises PolicyError (also for a missing or unreadable file)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise PolicyError(str(path), [("", f"cannot read file: {e.strerror or e}")]) from e
-    return parse_policy(text, source=str(path))
+    return parse_policy(text, source=str(path), known_models=known_models)
 
 
-def parse_policy(text: str, source: str = "<string>") -> Policy:
+def unknown_class_models(data: dict[Any, Any], known_models: Collection[str]) -> dict[str, tuple[str, str]]:
+    """class name -> (key path, message) for every class whose ``model`` is not in ``known_models``."""
+    classes = data.get("classes")
+    found: dict[str, tuple[str, str]] = {}
+    if not isinstance(classes, dict):
+        return found
+    known = ", ".join(sorted(known_models)) or "none"
+    for name, cls in classes.items():
+        model = cls.get("model") if isinstance(cls, dict) else None
+        if isinstance(model, str) and model not in known_models:
+            found[str(name)] = (f"classes.{name}.model",
+                                f"unknown model {model!r}: not in the model repository (known: {known})")
+    return found
+
+
+def _is_consequence(err: Any, data: dict[Any, Any], bad_classes: Collection[str]) -> bool:
+    """An alias's model mismatch caused by its class naming an unknown model (reported there instead)."""
+    loc = tuple(err["loc"])
+    if len(loc) != 3 or loc[0] != "aliases" or loc[2] != "model":
+        return False
+    alias = _child(data.get("aliases"), loc[1])
+    return isinstance(alias, dict) and alias.get("class") in bad_classes
+
+
+def parse_policy(text: str, source: str = "<string>", known_models: Collection[str] | None = None) -> Policy:
     """Validate policy YAML text; raises PolicyError naming ``source``, key paths and lines."""
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
@@ -79,12 +108,19 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
         raise PolicyError(source, [("", f"a policy is a mapping of keys (classes, users, ...), got {got}")])
+    unknown = unknown_class_models(data, known_models) if known_models is not None else {}
     try:
-        return Policy.model_validate(data)
+        policy = Policy.model_validate(data)
     except ValidationError as e:
-        errors = [_describe(err, data) for err in e.errors()]
-        lines = _key_lines(text, [err["loc"] for err in e.errors()], [p for p, _ in errors])
-        raise PolicyError(source, errors, lines) from e
+        kept = [err for err in e.errors() if not _is_consequence(err, data, unknown)]
+        errors = [*unknown.values(), *(_describe(err, data) for err in kept)]
+        locs = [("classes", name, "model") for name in unknown] + [err["loc"] for err in kept]
+        raise PolicyError(source, errors, _key_lines(text, locs, [p for p, _ in errors])) from e
+    if unknown:
+        locs = [("classes", name, "model") for name in unknown]
+        errors = list(unknown.values())
+        raise PolicyError(source, errors, _key_lines(text, locs, [p for p, _ in errors]))
+    return policy
 
 
 def _describe(err: Any, data: Any) -> tuple[str, str]:
