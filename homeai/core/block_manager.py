@@ -1,30 +1,68 @@
-"""Hands out fixed-size KV blocks from a preallocated pool and keeps each sequence's block table.
+"""Hands out fixed-size KV blocks from a preallocated pool, keeps each sequence's block table, and (when
+prefix caching is on) keeps the blocks of finished sequences so that a later prompt with the same
+prefix reuses their keys and values instead of computing them again.
 
 Plain Python (no torch): the scheduler asks ``can_allocate`` before admitting or extending a sequence,
 and preempts when the pool runs dry instead of failing a request.
+
+Prefix caching, in the manner of vLLM v1: a *full* block is named by a hash chained over the hash of
+the block before it, its token ids and the model (``block_hash``). A block is hashed only after a step
+has written its tokens (``cache_blocks``, called as the scheduler applies a step), so an abort or a
+preemption can never publish a block whose keys were not computed. Blocks are reference-counted: a
+cached block may sit in several sequences' tables at once. A block nobody references is either plain
+free (never hashed) or *evictable* (hashed, kept for reuse in LRU order); allocation takes plain free
+blocks first and evicts the least recently used cached block only when none is left, and a block a
+sequence holds is never evicted.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+from homeai.core.block_hash import BlockHash, extend_chain
+from homeai.core.prefix_stats import PrefixCacheStats
+from homeai.core.sequence import Sequence
+
 
 class BlockManager:
-    """A free list of block ids; a sequence owns the blocks in its table until it finishes or is preempted."""
+    """A pool of block ids; a sequence references the blocks in its table until it finishes or is
+    preempted. ``num_free_blocks`` counts every block an allocation may take (free or evictable)."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 model: str = "") -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.enable_prefix_caching = enable_prefix_caching
+        self.model = model
+        self.stats = PrefixCacheStats()
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # never hashed; pop() gives low ids first
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # hashed, unreferenced; least recent first
+        self._ref = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        self._cached: dict[BlockHash, int] = {}  # hash -> the block holding that prefix's KV
         self._tables: dict[int, list[int]] = {}
+        self._chains: dict[int, list[BlockHash]] = {}  # hashes of a sequence's full blocks, as far as known
+        self._num_hashed: dict[int, int] = {}  # leading blocks of a table already published in _cached
+        # The last lookup(), for the admission that follows it: (seq id, cached blocks found, its chain).
+        # Only one is kept, so a request that never gets admitted (a queue timeout) leaves nothing behind.
+        self._pending: tuple[int, list[int], list[BlockHash]] | None = None
 
+    # ---- reading ---------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks whose KV is published for reuse (held by a sequence or evictable)."""
+        return len(self._cached)
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self._free) / self.num_blocks
+        """Share of the pool held by sequences (cached blocks nobody holds count as free)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -32,37 +70,169 @@ class BlockManager:
     def block_table(self, seq_id: int) -> list[int]:
         return self._tables.get(seq_id, [])
 
-    def num_new_blocks(self, seq_id: int, num_tokens: int) -> int:
-        """Blocks a sequence still needs so that ``num_tokens`` of its tokens have a slot."""
-        return max(0, self.blocks_needed(num_tokens) - len(self._tables.get(seq_id, ())))
-
-    def can_allocate(self, seq_id: int, num_tokens: int, reserve: int = 0) -> bool:
-        return self.num_new_blocks(seq_id, num_tokens) + reserve <= len(self._free)
-
-    def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
-        """Grow the sequence's table to cover ``num_tokens`` tokens; raises if the pool is short."""
-        need = self.num_new_blocks(seq_id, num_tokens)
-        if need > len(self._free):
-            raise MemoryError(f"KV pool exhausted: need {need} blocks, {len(self._free)} free")
-        table = self._tables.setdefault(seq_id, [])
-        for _ in range(need):
-            table.append(self._free.pop())
-        return table
-
-    def free(self, seq_id: int) -> int:
-        """Return every block of the sequence to the pool (finish, abort, preemption); returns the count."""
-        table = self._tables.pop(seq_id, [])
-        self._free.extend(reversed(table))
-        return len(table)
-
     def slot(self, seq_id: int, position: int) -> int:
         table = self._tables[seq_id]
         return table[position // self.block_size] * self.block_size + position % self.block_size
 
+    # ---- prefix lookup ---------------------------------------------------------------------------
+    def lookup(self, seq: Sequence) -> int:
+        """Tokens at the start of a sequence not yet admitted whose KV is cached: whole blocks only, and
+        always fewer than all its tokens (the last one must run to give logits). ``can_allocate`` and
+        ``admit`` then count those blocks as reused. 0 when caching is off."""
+        if not self.enable_prefix_caching or seq.seq_id in self._tables:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        chain = extend_chain([], seq, max_blocks, self.block_size, self.model)
+        hits: list[int] = []
+        for h in chain:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        self._pending = (seq.seq_id, hits, chain)
+        return len(hits) * self.block_size
+
+    def _hits(self, seq_id: int) -> list[int]:
+        pending = self._pending
+        return pending[1] if pending is not None and pending[0] == seq_id else []
+
+    # ---- allocation ------------------------------------------------------------------------------
+    def num_new_blocks(self, seq_id: int, num_tokens: int) -> int:
+        """Blocks a sequence still needs so that ``num_tokens`` of its tokens have a slot (cached
+        blocks found by ``lookup`` count as had)."""
+        have = self._tables.get(seq_id) or self._hits(seq_id)
+        return max(0, self.blocks_needed(num_tokens) - len(have))
+
+    def _pool_cost(self, seq_id: int, num_tokens: int) -> int:
+        """Blocks the allocation takes out of the pool: new ones, plus reused ones nobody else holds
+        (they stop being evictable)."""
+        cost = self.num_new_blocks(seq_id, num_tokens)
+        if seq_id not in self._tables:
+            cost += sum(1 for b in self._hits(seq_id) if self._ref[b] == 0)
+        return cost
+
+    def can_allocate(self, seq_id: int, num_tokens: int, reserve: int = 0) -> bool:
+        return self._pool_cost(seq_id, num_tokens) + reserve <= self.num_free_blocks
+
+    def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Grow the sequence's table to cover ``num_tokens`` tokens; raises if the pool is short."""
+        cost = self._pool_cost(seq_id, num_tokens)
+        if cost > self.num_free_blocks:
+            raise MemoryError(f"KV pool exhausted: need {cost} blocks, {self.num_free_blocks} free")
+        table = self._tables.get(seq_id)
+        if table is None:
+            table = self._tables[seq_id] = self._take_hits(seq_id)
+        for _ in range(self.num_new_blocks(seq_id, num_tokens)):
+            block = self._take_block()
+            self._ref[block] = 1
+            table.append(block)
+        return table
+
+    def admit(self, seq: Sequence, num_new_tokens: int) -> int:
+        """First allocation of a waiting sequence: reuse the cached prefix the last ``lookup`` found and
+        add fresh blocks for ``num_new_tokens`` tokens after it; count the hit for the sequence's class.
+        Returns the tokens reused, which become the sequence's ``num_computed_tokens``."""
+        assert seq.seq_id not in self._tables, f"sequence {seq.seq_id} already holds blocks"
+        num_hit_tokens = len(self._hits(seq.seq_id)) * self.block_size
+        self.allocate(seq.seq_id, num_hit_tokens + num_new_tokens)
+        if self.enable_prefix_caching and seq.num_preemptions == 0:
+            self.stats.record(seq.class_name, seq.num_prompt_tokens, num_hit_tokens)
+        return num_hit_tokens
+
+    def _take_hits(self, seq_id: int) -> list[int]:
+        if self._pending is None or self._pending[0] != seq_id:
+            self._num_hashed[seq_id] = 0
+            return []
+        _, hits, chain = self._pending
+        self._pending = None
+        self._chains[seq_id] = chain[:len(hits)]
+        for i, block in enumerate(hits):
+            if self._hash[block] != chain[i]:  # evicted since lookup(): a scheduler bug, never a wrong KV
+                raise RuntimeError(f"cached block {block} of sequence {seq_id} was evicted before admission")
+            if self._ref[block] == 0:
+                del self._evictable[block]
+            self._ref[block] += 1
+        self._num_hashed[seq_id] = len(hits)
+        return list(hits)
+
+    def _take_block(self) -> int:
+        if self._free:
+            return self._free.pop()
+        if not self.evict(1):
+            raise MemoryError("KV pool exhausted")
+        return self._free.pop()
+
+    def evict(self, num_blocks: int) -> int:
+        """Drop up to ``num_blocks`` least recently used unreferenced cached blocks to the free list."""
+        done = 0
+        while done < num_blocks and self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            h = self._hash[block]
+            assert h is not None
+            del self._cached[h]
+            self._hash[block] = None
+            self._free.append(block)
+            self.stats.num_evictions += 1
+            done += 1
+        return done
+
+    # ---- publishing and freeing ------------------------------------------------------------------
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Publish the sequence's full blocks whose tokens have all been computed (call after a step)."""
+        if not self.enable_prefix_caching or seq.seq_id not in self._tables:
+            return
+        table = self._tables[seq.seq_id]
+        num_full = min(seq.num_computed_tokens // self.block_size, len(table))
+        start = self._num_hashed.get(seq.seq_id, 0)
+        if num_full <= start:
+            return
+        chain = extend_chain(self._chains.setdefault(seq.seq_id, []), seq, num_full, self.block_size,
+                             self.model)
+        for i in range(start, num_full):
+            block, h = table[i], chain[i]
+            if self._hash[block] is None and h not in self._cached:  # an equal block cached first stays
+                self._hash[block] = h
+                self._cached[h] = block
+        self._num_hashed[seq.seq_id] = num_full
+
+    def free(self, seq_id: int) -> int:
+        """Drop the sequence's references (finish, abort, preemption); returns the number of blocks.
+        Hashed blocks nobody else holds become evictable, the sequence's last blocks least recent (a
+        prefix's head is worth more than its tail); the others go back to the free list."""
+        table = self._tables.pop(seq_id, [])
+        self._chains.pop(seq_id, None)
+        self._num_hashed.pop(seq_id, None)
+        if self._pending is not None and self._pending[0] == seq_id:
+            self._pending = None
+        for block in reversed(table):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                if self._hash[block] is not None:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+        return len(table)
+
     def check_conserved(self) -> None:
-        """Every block is either free or in exactly one table (tests call this after each step)."""
-        owned = [b for t in self._tables.values() for b in t]
-        all_ids = owned + self._free
-        if len(all_ids) != self.num_blocks or set(all_ids) != set(range(self.num_blocks)):
-            raise AssertionError(f"blocks not conserved: {len(owned)} owned + {len(self._free)} free "
-                                 f"!= {self.num_blocks}")
+        """Every block is free, evictable, or referenced exactly as often as tables hold it; the hash
+        index and the blocks agree (tests call this after each step)."""
+        held: dict[int, int] = {}
+        for table in self._tables.values():
+            if len(set(table)) != len(table):
+                raise AssertionError(f"a block twice in one table: {table}")
+            for b in table:
+                held[b] = held.get(b, 0) + 1
+        free, evictable = set(self._free), set(self._evictable)
+        parts = [set(held), free, evictable]
+        if len(free) != len(self._free) or sum(map(len, parts)) != self.num_blocks \
+                or set().union(*parts) != set(range(self.num_blocks)):
+            raise AssertionError(f"blocks not conserved: {len(held)} held + {len(self._free)} free + "
+                                 f"{len(evictable)} evictable != {self.num_blocks}")
+        for b in range(self.num_blocks):
+            if self._ref[b] != held.get(b, 0):
+                raise AssertionError(f"block {b}: ref count {self._ref[b]}, held by {held.get(b, 0)} tables")
+        if any(self._hash[b] is not None for b in free) or any(self._hash[b] is None for b in evictable):
+            raise AssertionError("a free block keeps a hash, or an evictable block has none")
+        if any(self._hash[b] != h for h, b in self._cached.items()) \
+                or sum(h is not None for h in self._hash) != len(self._cached):
+            raise AssertionError("the hash index and the blocks' hashes disagree")

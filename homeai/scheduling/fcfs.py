@@ -89,11 +89,12 @@ class FCFSScheduler(StepScheduler):
         # 2. Waiting sequences in arrival order, unless this step already had to preempt.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not plan.preempted:
             seq = self.waiting[0]
-            n = min(seq.num_pending_tokens, budget)
-            if not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+            cached = bm.lookup(seq)  # a prefix whose KV is cached is not computed again
+            n = min(seq.num_pending_tokens - cached, budget)
+            if not bm.can_allocate(seq.seq_id, cached + n):
                 break
             self.waiting.popleft()
-            bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+            seq.num_computed_tokens = bm.admit(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             plan.chunks.append(self._chunk(seq, n))
