@@ -67,6 +67,7 @@ class StepScheduler(ABC):
     def _apply_chunk(self, seq: Sequence, num_tokens: int, sampled: int | None, now_s: float) -> bool:
         """Advance a sequence by one executed chunk; return True when it finished. Shared by schedulers."""
         seq.num_computed_tokens += num_tokens
+        self.block_manager.cache_blocks(seq)  # its full blocks now hold written KV: reusable by others
         if sampled is None:
             return False
         if seq.first_token_s is None:
