@@ -19,6 +19,7 @@ from server_launcher import ServerProcess
 from textual.pilot import Pilot
 from textual.widgets import DataTable, ListView, OptionList, Static, TextArea
 
+from homeai.jobs.pause_point import PAUSE_MARKER_ENV
 from tui.app import MonitorApp
 from tui.client import GatewayClient
 from tui.screens.jobs import JobItem, JobsScreen
@@ -128,7 +129,9 @@ async def test_policy_editor_invalid_then_valid_then_rollback(server_url: str) -
         assert editor.text == httpx.get(f"{server_url}/admin/policy").text
 
 
-async def test_jobs_screen_lists_controls_or_says_unavailable(server_url: str, tmp_path: Path) -> None:
+async def test_jobs_screen_adds_pauses_resumes_and_cancels(tui_server: ServerProcess, tmp_path: Path) -> None:
+    """The server's pause point holds the job after its first file, so it is running when the keys land."""
+    server_url, marker = tui_server.url, Path(tui_server.env[PAUSE_MARKER_ENV])
     for i in range(3):
         (tmp_path / f"note{i}.txt").write_text(f"note {i}: the boiler is serviced in March.\n" * 20)
     app = MonitorApp(GatewayClient(server_url))
@@ -137,27 +140,29 @@ async def test_jobs_screen_lists_controls_or_says_unavailable(server_url: str, t
         screen = app.screen
         assert isinstance(screen, JobsScreen)
         await wait_for(pilot, lambda: screen.available is not None)
-        note = text_of(screen.query_one("#jobs-note", Static))
-        assert screen.available, f"the jobs screen found no jobs API: {note}"
+        assert screen.available, f"the jobs screen found no jobs API: {text_of(screen.query_one('#jobs-note', Static))}"
         await pilot.press("a", *str(tmp_path), "enter")
         await wait_for(pilot, lambda: len(screen.query(JobItem)) > 0)
         jid = screen.query(JobItem).last().jid
 
         def state() -> str:
-            job = httpx.get(f"{server_url}/v1/jobs/{jid}").json()
-            return str(job.get("state") or job.get("status"))
+            return str(httpx.get(f"{server_url}/v1/jobs/{jid}").json()["state"])
 
+        await wait_for(pilot, marker.exists)
+        assert state() == "running"
         screen.query_one("#jobs", ListView).index = len(screen.query(JobItem)) - 1
         await pilot.press("space")
         await wait_for(pilot, lambda: "pause" in text_of(screen.query_one("#jobs-note", Static)))
-        if "failed" not in text_of(screen.query_one("#jobs-note", Static)):  # a job that already finished
-            assert state() == "paused"
-            await pilot.press("space")
-            await wait_for(pilot, lambda: "resume" in text_of(screen.query_one("#jobs-note", Static)))
+        assert "failed" not in text_of(screen.query_one("#jobs-note", Static))
+        assert state() == "paused"
+        await pilot.press("space")
+        await wait_for(pilot, lambda: "resume" in text_of(screen.query_one("#jobs-note", Static)))
+        assert state() != "paused"
         await pilot.press("x")
         await wait_for(pilot, lambda: "cancel" in text_of(screen.query_one("#jobs-note", Static)))
-        await wait_for(pilot, lambda: jid not in {item.jid for item in screen.query(JobItem)}
-                       or state() in {"cancelled", "canceled"})
+        await wait_for(pilot, lambda: jid not in {item.jid for item in screen.query(JobItem)})
+        assert httpx.get(f"{server_url}/v1/jobs/{jid}").status_code == 404
+
 
 async def test_reconnects_by_itself_when_the_server_restarts(pulled_models: dict[str, Path], homeai_cache_dir: Path,
                                                               tmp_path: Path) -> None:

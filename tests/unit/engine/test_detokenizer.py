@@ -185,13 +185,9 @@ def in_context(tokenizer, prompt: list[int], output: list[int]) -> str:
 
 
 @pytest.mark.slow
-def test_smollm2_tokenizer_streaming(request: pytest.FixtureRequest) -> None:
+def test_smollm2_tokenizer_streaming(pulled_models: dict[str, Path]) -> None:
     from transformers import AutoTokenizer
 
-    try:
-        pulled_models: dict[str, Path] = request.getfixturevalue("pulled_models")
-    except pytest.FixtureLookupError:
-        pytest.skip("no pulled_models fixture (tests/conftest.py)")
     tokenizer = AutoTokenizer.from_pretrained(pulled_models["smollm2-135m-instruct"])
     prompt = encode(tokenizer, "Translate:")
     for text in TEXTS:
