@@ -290,15 +290,16 @@ class ClassScheduler(StepScheduler):
                 if item is None:
                     break
                 seq: Sequence = item.payload
-                n = min(seq.num_pending_tokens, budget, self._chunk_cap(seq))
+                cached = bm.lookup(seq)  # a prefix whose KV is cached is not computed again, nor charged
+                n = min(seq.num_pending_tokens - cached, budget, self._chunk_cap(seq))
                 if n == 0 or seq.seq_id in plan.preempted:  # preempted this step: not back in it
                     break
-                if not self._make_room(seq, n, state.rank, plan):
+                if not self._make_room(seq, cached + n, state.rank, plan):
                     break
                 state.queue.take(item, now)
                 if state.queue.num_queued_for(seq.user) == 0:
                     state.vtc.on_drained(seq.user)
-                bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+                seq.num_computed_tokens = bm.admit(seq, n)  # starts after its cached prefix
                 seq.status = SequenceStatus.RUNNING
                 # Admitted for its min_share: keeps its slot until it finishes, or more important
                 # admissions would preempt it again and again and the share would buy no progress.
