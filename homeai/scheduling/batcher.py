@@ -19,10 +19,10 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from homeai.policy.schema import ClassPolicy, Policy
+from homeai.policy.schema import Policy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem
-from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.clock import Clock, MonotonicClock
+from homeai.scheduling.interface import StepScheduler
 
 SHARE_WINDOW_S = 5.0
 INTERACTIVE_HORIZON_S = 10.0
@@ -42,7 +42,7 @@ LLM_STEP = "llm"
 class Batcher:
     """Chooses the device's next piece of work (see the module docstring)."""
 
-    def __init__(self, policy: Policy, llm: ClassScheduler | None, clock: Clock | None = None) -> None:
+    def __init__(self, policy: Policy, llm: StepScheduler | None, clock: Clock | None = None) -> None:
         self.llm = llm
         self.clock = clock or MonotonicClock()
         self.lock = threading.RLock()
@@ -99,7 +99,9 @@ class Batcher:
     def next_work(self) -> str | EmbedWork | None:
         now = self.clock.now()
         with self.lock:
-            llm_has_work = self.llm is not None and self.llm.has_work()
+            # Only an LLM step that would do something counts: a queued request behind a closed delay
+            # window must neither hold back a ready embedding batch nor yield an empty step (finding 5).
+            llm_has_work = self.llm is not None and self.llm.can_step(now)
             interactive, background = self._ready_embedding(now)
             if interactive and not (self._last_was_embed and llm_has_work):
                 return self._take(interactive[0], now)
@@ -107,7 +109,7 @@ class Batcher:
                 work = self._take(cp_name, now, force=True)
                 if work is not None:
                     return work
-            if llm_has_work and self._llm_admission_ready(now):
+            if llm_has_work and self.llm is not None and self.llm.interactive_admission_ready(now):
                 return LLM_STEP
             if background and self._has_slack(background[0], now):
                 # With only background LLM work (nothing interactive runs), take turns with it.
@@ -128,9 +130,7 @@ class Batcher:
     def _take(self, name: str, now: float, force: bool = False) -> EmbedWork | None:
         q = self.embed_queues[name]
         cap = self._background_cap(q, now)
-        items = q.form_batch(now, cap)
-        if items is None and (force or cap is not None):
-            items = q.form_batch(now + q.policy.max_queue_delay_s + 1e-6, cap)
+        items = q.form_batch(now, cap, force=force or cap is not None)
         if not items:
             return None
         self._last_was_embed = True
@@ -142,7 +142,7 @@ class Batcher:
         during it waits little; a quiet house gets full batches."""
         if not q.policy.background or q.name not in self._per_item_s:
             return None
-        recent_llm = self.llm is not None and getattr(self.llm, "interactive_active", lambda _n: False)(now)
+        recent_llm = self.llm is not None and self.llm.interactive_active(now)
         if not recent_llm and now - self._last_interactive_embed_s > INTERACTIVE_HORIZON_S:
             return None
         targets = [cp.targets.ttft_ms / 1000.0 for cp in self.policy.classes.values()
@@ -163,27 +163,11 @@ class Batcher:
                     out.append(name)
         return out
 
-    def _llm_admission_ready(self, now: float) -> bool:
-        assert self.llm is not None
-        if not hasattr(self.llm, "classes"):
-            return True  # a plain scheduler: any work is admissible
-        if self.llm.num_running >= self.llm.max_num_seqs:
-            return False
-        for state in self.llm.classes.values():
-            cap = state.policy.max_running
-            if state.policy.background or (cap is not None and state.num_running >= cap):
-                continue
-            ready = state.queue.next_ready_at(now)
-            if ready is not None and ready <= now:
-                return True
-        return False
-
     def _has_slack(self, name: str, now: float) -> bool:
         """True when no interactive sequence runs, or a batch fits in the tightest ITL target's slack.
         Never while interactive LLM requests wait in a queue: then the LLM runs at full speed to drain
         them, and background work gets only its min_share."""
-        if self.llm is not None and any(len(s.queue) for s in getattr(self.llm, "classes", {}).values()
-                                        if not s.policy.background):
+        if self.llm is not None and self.llm.has_waiting_interactive():
             return False
         itl_targets = self._running_itl_targets_s()
         if not itl_targets:
@@ -192,14 +176,7 @@ class Batcher:
         return (now - self._last_llm_end_s) + cost <= ITL_SLACK_FRACTION * min(itl_targets)
 
     def _running_itl_targets_s(self) -> list[float]:
-        if self.llm is None:
-            return []
-        out = []
-        for state in self.llm.classes.values():
-            cp: ClassPolicy = state.policy
-            if state.num_running and not cp.background and cp.targets is not None and cp.targets.itl_ms:
-                out.append(cp.targets.itl_ms / 1000.0)
-        return out
+        return self.llm.running_itl_targets_s() if self.llm is not None else []
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     def record(self, what: str, start_s: float, end_s: float, num_items: int = 0) -> None:
@@ -220,16 +197,14 @@ class Batcher:
                     prev = self._per_item_s.get(what)
                     self._per_item_s[what] = per if prev is None else 0.8 * prev + 0.2 * per
 
-    def next_wake_s(self) -> float | None:
-        """The earliest time something may become ready (a delay window closing, a timeout)."""
+    def next_wake_s(self, after: float | None = None) -> float | None:
+        """The earliest time something may become ready (a delay window closing, a timeout); with
+        ``after``, only later times: an idle loop sleeps until then, never spins on what is ready now
+        but cannot run. A query: it changes nothing."""
         now = self.clock.now()
-        times: list[float] = []
         with self.lock:
-            queues = list(self.embed_queues.values())
-            if self.llm is not None:
-                queues += [s.queue for s in self.llm.classes.values()]
-            for q in queues:
-                for t in (q.next_ready_at(now), q.next_expiry_at()):
-                    if t is not None:
-                        times.append(t)
+            times = [t for q in self.embed_queues.values() for t in (q.next_ready_at(now), q.next_expiry_at())
+                     if t is not None and (after is None or t > after)]
+            if self.llm is not None and (t := self.llm.next_wake_s(after)) is not None:
+                times.append(t)
         return min(times) if times else None

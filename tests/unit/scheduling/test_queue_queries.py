@@ -51,22 +51,6 @@ def test_queries_leave_the_heap_and_the_lines_untouched() -> None:
     assert structure(q) == before
 
 
-def test_a_timeout_pushed_while_another_thread_queries_is_kept() -> None:
-    """The issue's forced interleaving: the query ran between a push and its heap insert; with queries
-    that only read, the later push keeps its deadline and times out on time."""
-    clock = VirtualClock()
-    q = make_queue(default_queue_policy={"default_timeout_microseconds": 10_000_000,
-                                         "allow_timeout_override": True},
-                   max_queue_delay_microseconds=60_000_000, max_batch_size=8)
-    q.push(QueuedItem("r0", "u"), clock.now())
-    q.cancel("r0")
-    q.next_expiry_at()  # the device thread asks while the event loop pushes r1
-    q.push(QueuedItem("r1", "u", timeout_override_us=1_000_000), clock.now())
-    assert q.next_expiry_at() == 1.0
-    clock.set(5.0)
-    assert [i.request_id for i in q.expire(clock.now())] == ["r1"]
-
-
 def test_hypothesis_example_of_finding_11_keeps_every_request_accounted_for() -> None:
     """push(ann, 500 us) / swap_policy(REJECT, delay 0, max_size 0) / admit / advance 500 us / requeue /
     push(ann): r0 timed out while r1 was pushed; it must stay queued until expire() reports it."""
