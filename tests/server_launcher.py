@@ -49,13 +49,15 @@ class ServerProcess:
 
     ``env`` adds settings (e.g. ``HOMEAI_INDEX_BATCH_CHUNKS``); ``database_url`` defaults to SQLite in
     the data directory; ``policy`` is passed as ``--policy`` (else the server copies the default policy
-    into the data directory on first start).
+    into the data directory on first start); ``ready_statuses`` are the /readyz statuses that count as
+    started (add "degraded" to start a server on purpose with, say, an invalid policy file).
     """
 
     def __init__(self, data_dir: Path, cache_dir: Path, *, policy: Path | None = None,
                  env: Mapping[str, str] | None = None, database_url: str | None = None,
-                 port: int | None = None) -> None:
+                 port: int | None = None, ready_statuses: tuple[str, ...] = ("ready",)) -> None:
         self.data_dir, self.cache_dir, self.policy = data_dir, cache_dir, policy
+        self.ready_statuses = ready_statuses
         self.port = port or free_port()
         self.database_url = database_url or sqlite_url(data_dir / "homeai.db")  # the server's default, spelled out
         base = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
@@ -122,7 +124,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
 
     def _wait_ready(self) -> int | None:
-        """None once /readyz says "ready"; the exit status if the process ended first."""
+        """None once /readyz answers 200 with one of ``ready_statuses``; the exit status if the process
+        ended first."""
         assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         last = "no answer"
@@ -133,7 +136,7 @@ class ServerProcess:
             try:
                 response = httpx.get(f"{self.url}/readyz", timeout=5)
                 last = f"{response.status_code} {response.text[:200]}"
-                if response.status_code == 200 and response.json().get("status") == "ready":
+                if response.status_code == 200 and response.json().get("status") in self.ready_statuses:
                     return None
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
@@ -144,9 +147,11 @@ class ServerProcess:
 
 @contextmanager
 def running_server(data_dir: Path, cache_dir: Path, *, policy: Path | None = None,
-                   env: Mapping[str, str] | None = None, database_url: str | None = None) -> Iterator[ServerProcess]:
+                   env: Mapping[str, str] | None = None, database_url: str | None = None,
+                   ready_statuses: tuple[str, ...] = ("ready",)) -> Iterator[ServerProcess]:
     """A started server for the length of the block, stopped (or killed) afterwards."""
-    server = ServerProcess(data_dir, cache_dir, policy=policy, env=env, database_url=database_url)
+    server = ServerProcess(data_dir, cache_dir, policy=policy, env=env, database_url=database_url,
+                           ready_statuses=ready_statuses)
     try:
         server.start()
         yield server
