@@ -133,12 +133,40 @@ class ClassScheduler(StepScheduler):
             if state.queue.num_queued_for(seq.user) == 0:
                 state.vtc.on_drained(seq.user)
 
-    def next_wake_s(self) -> float | None:
+    def next_wake_s(self, after: float | None = None) -> float | None:
         now = self.clock.now()
         with self.lock:
             times = [t for s in self.classes.values()
-                     for t in (s.queue.next_ready_at(now), s.queue.next_expiry_at()) if t is not None]
+                     for t in (s.queue.next_ready_at(now), s.queue.next_expiry_at())
+                     if t is not None and (after is None or t > after)]
         return min(times) if times else None
+
+    def can_step(self, now: float) -> bool:
+        with self.lock:
+            if self.running or self.rejected:
+                return True
+            return any(self._admissible(s, now) or _due(s.queue.next_expiry_at(), now)
+                       for s in self.classes.values())
+
+    def interactive_admission_ready(self, now: float) -> bool:
+        with self.lock:
+            return len(self.running) < self.max_num_seqs and any(
+                self._admissible(s, now) for s in self.classes.values() if not s.policy.background)
+
+    def _admissible(self, state: LLMClassState, now: float) -> bool:
+        """The class's delay window is open and its cap leaves room (a query: no timeouts applied)."""
+        cap = state.policy.max_running
+        return (cap is None or state.num_running < cap) and _due(state.queue.next_ready_at(now), now)
+
+    def has_waiting_interactive(self) -> bool:
+        with self.lock:
+            return any(len(s.queue) for s in self.classes.values() if not s.policy.background)
+
+    def running_itl_targets_s(self) -> list[float]:
+        with self.lock:
+            return [s.policy.targets.itl_ms / 1000.0 for s in self.classes.values()
+                    if s.num_running and not s.policy.background and s.policy.targets is not None
+                    and s.policy.targets.itl_ms]
 
     def drain_rejected(self) -> list[Sequence]:
         with self.lock:
@@ -355,6 +383,10 @@ class ClassScheduler(StepScheduler):
             return {name: {"queued": len(s.queue), "running": s.num_running, "served_tokens": s.served_tokens,
                            "depth_by_level": s.queue.depth_by_level(), "fairness": s.vtc.snapshot()}
                     for name, s in self.classes.items()}
+
+
+def _due(t: float | None, now: float) -> bool:
+    return t is not None and t <= now
 
 
 def _chunk(seq: Sequence, n: int) -> ScheduledChunk:

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import StepOutput, StepPlan
+from homeai.policy.schema import Policy
 
 
 class StepScheduler(ABC):
@@ -24,8 +25,36 @@ class StepScheduler(ABC):
         self.seqs: dict[int, Sequence] = {}
         self.lock = threading.RLock()  # add() comes from asyncio threads; the device loop plans under it
 
-    def next_wake_s(self) -> float | None:
-        """When queued work may become ready (a delay window closing); None: only when work arrives."""
+    # ---- what the batcher asks: the whole contract, so it never probes with getattr -------------
+    # Queries: none of them mutates (the device thread may ask them any number of times per step).
+    def next_wake_s(self, after: float | None = None) -> float | None:
+        """When queued work may become ready (a delay window closing, a timeout due); None: only when
+        work arrives. With ``after``, only times later than it: what an idle loop sleeps until."""
+        return None
+
+    def can_step(self, now: float) -> bool:
+        """True when ``schedule()`` at ``now`` has something to do: a running sequence, an admission
+        whose delay window is open, a timeout to apply. False means an LLM step now would be empty."""
+        return self.has_work()
+
+    def interactive_admission_ready(self, now: float) -> bool:
+        """An interactive request may be admitted now (its first token is what its user waits for)."""
+        return self.has_work()
+
+    def has_waiting_interactive(self) -> bool:
+        """Interactive requests wait in a queue (background embedding work must not slow the LLM)."""
+        return False
+
+    def interactive_active(self, now: float) -> bool:
+        """Interactive work runs, or arrived recently enough that more is likely."""
+        return False
+
+    def running_itl_targets_s(self) -> list[float]:
+        """The inter-token-latency targets of the interactive classes with running sequences."""
+        return []
+
+    def apply_policy(self, policy: Policy) -> None:
+        """Take a new policy's limits from the next step (a plain scheduler has none to take)."""
         return None
 
     @abstractmethod
