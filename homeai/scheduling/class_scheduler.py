@@ -1,20 +1,22 @@
 """In-flight batching over workload classes: the step planner of the product.
 
 Each LLM class has its own Triton-style queue (priority levels, size limit, timeouts, delay window)
-and its own VTC fairness counters. Every step re-plans:
+and its own VTC fairness counters. Every step re-plans, within a token budget sized so that the step
+ends within the latency targets of the active interactive classes (``step_budget``):
 
-1. running sequences first, most important class first: one decode token each, or the next chunk of
-   a prompt (chunked prefill, so decodes never stall behind a long prompt);
-2. then admissions, class by class in priority order (a background class that got less than its
-   ``min_share`` of recent step tokens goes first), each class's next request coming from its user
-   with the lowest virtual token counter, within the token budget, ``max_num_seqs``, the class's
-   ``max_running`` and the KV pool. A more important class takes sequence slots or KV blocks from
-   the least important running class by preemption (recompute later).
+1. every running decode, most important class first (a due token never waits behind a prompt);
+2. background classes owed their ``min_share`` (a refilling bucket, ``share_bucket``) get that many
+   tokens: their running prompts' chunks, then admissions;
+3. then class by class in importance order: the class's running prompt chunks, then its admissions,
+   each next request coming from its user with the lowest virtual token counter (the prompt is charged
+   at admission), within ``max_num_seqs``, the class's ``max_running`` and the KV pool. A waiting
+   voice request is thus planned before a chat prompt's next chunk, which waits or gets what is left.
+   A more important class takes sequence slots or KV blocks from the least important running class
+   by preemption (recompute later), except what holds a background class's share.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from homeai.core.block_manager import BlockManager
@@ -25,9 +27,11 @@ from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
+from homeai.scheduling.share_bucket import ShareBucket
+from homeai.scheduling.step_budget import ClassTargets, StepCostModel, step_token_budget
 
-INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps background chunks small
-SHARE_WINDOW_STEPS = 64  # steps over which a background class's share is measured for min_share
+INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps steps sized by the targets
+SHARE_BURST_STEPS = 2  # a background class's share credit holds at most this many full steps' share
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 
 
@@ -43,7 +47,7 @@ class LLMClassState:
     vtc: VirtualTokenCounter
     num_running: int = 0
     served_tokens: int = 0  # all-time, for stats
-    recent: deque[int] = field(default_factory=lambda: deque(maxlen=SHARE_WINDOW_STEPS))
+    bucket: ShareBucket = field(default_factory=lambda: ShareBucket(0.0, 0.0))  # min_share credit, tokens
 
     @property
     def rank(self) -> int:
@@ -54,8 +58,14 @@ class ClassScheduler(StepScheduler):
     """Plans LLM steps over the LLM classes of a policy (see the module docstring)."""
 
     def __init__(self, block_manager: BlockManager | None, policy: Policy, clock: Clock | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, step_cost: StepCostModel | None = None) -> None:
         super().__init__()
+        # Fitted online from the steps' measured durations (schedule() to update() on this clock).
+        self.step_cost = step_cost or StepCostModel()
+        self._in_flight: tuple[float, int] | None = None
+        self._budget = policy.scheduler.max_num_batched_tokens
+        self._protected: set[int] = set()
+        self._share_used: dict[str, int] = {}
         if block_manager is not None:
             self.block_manager = block_manager
         self.clock = clock or MonotonicClock()
@@ -178,15 +188,21 @@ class ClassScheduler(StepScheduler):
         with self.lock:
             now = self.clock.now()
             self._expire(now)
-            if any(s.num_running for s in self.classes.values() if not s.policy.background):
+            if any(s.num_running or len(s.queue) for s in self.classes.values() if not s.policy.background):
                 self.last_interactive_s = now
             self._interactive_now = self.interactive_active(now)
-            self._prefill_used: dict[str, int] = {}
+            self._budget = self.step_token_budget()
+            self._share_used: dict[str, int] = {}
             plan = StepPlan()
-            self._shed_over_limits(plan)
-            self._schedule_running(plan, self.max_num_batched_tokens)
-            self._admit(plan, now)
-            self._record_shares(plan)
+            self._shed_over_limits(plan)  # 0. lowered caps hold from this step
+            self._protected = self._share_protected()
+            self._schedule_decodes(plan)  # 1. every running decode: tokens are due, and cheap
+            for state in self._owed_background():  # 2. background classes owed their min_share
+                self._serve_class(plan, state, now, limit=int(state.bucket.credit), for_share=True)
+            for state in sorted(self.classes.values(), key=lambda c: c.rank):  # 3. by class importance
+                self._serve_class(plan, state, now, limit=None, for_share=False)
+            self._charge_shares(plan)
+            self._in_flight = (now, plan.num_tokens)
             return plan
 
     def _expire(self, now: float) -> None:
@@ -208,58 +224,128 @@ class ClassScheduler(StepScheduler):
         """Interactive work runs, or arrived recently enough that more is likely."""
         return now - self.last_interactive_s <= INTERACTIVE_HORIZON_S
 
-    def _chunk_cap(self, seq: Sequence) -> int:
-        """Prompt tokens a sequence may take this step. Background classes: the whole budget when the
-        house is quiet; while interactive classes are active, the class's prompt chunks together get
-        its min_share of the budget (at least 32 tokens), so a step stays short and a voice request
-        arriving meanwhile waits little. Decode tokens are never capped."""
-        state = self.classes.get(seq.class_name)
-        if seq.num_pending_tokens == 1 or state is None or not state.policy.background \
-                or not self._interactive_now:
-            return self.max_num_batched_tokens
-        class_cap = max(32, int(self.max_num_batched_tokens * max(state.policy.min_share, 0.05)))
-        return max(0, class_cap - self._prefill_used.get(state.name, 0))
+    def step_token_budget(self) -> int:
+        """This step's token budget, sized by the interactive classes' latency targets on this device's
+        fitted step cost (see ``step_budget``); the configured maximum when no class has targets."""
+        targets = [ClassTargets(c.policy.targets.ttft_ms / 1000 if c.policy.targets.ttft_ms else None,
+                                c.policy.targets.itl_ms / 1000 if c.policy.targets.itl_ms else None,
+                                running=c.num_running > 0, active=self._interactive_now)
+                   for c in self.classes.values() if not c.policy.background]
+        return step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
 
-    def _take_tokens(self, plan: StepPlan, seq: Sequence, n: int) -> None:
-        plan.chunks.append(_chunk(seq, n))
-        if n > 1:
-            self._prefill_used[seq.class_name] = self._prefill_used.get(seq.class_name, 0) + n
+    def _room(self, plan: StepPlan) -> int:
+        return min(self._budget, self.max_num_batched_tokens) - plan.num_tokens
 
-    def _schedule_running(self, plan: StepPlan, budget: int) -> int:
-        bm = self.block_manager
+    def _schedule_decodes(self, plan: StepPlan) -> None:
+        """One token for every running sequence whose prompt is done, most important class first. They
+        may pass the latency budget (a due token never waits) but never ``max_num_batched_tokens``."""
         scheduled: set[int] = set()
         order = sorted(self.running, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id))
-        decodes_left = sum(s.num_pending_tokens == 1 for s in order)
         for seq in order:
-            if budget <= 0:
+            if plan.num_tokens >= self.max_num_batched_tokens:
                 break
-            decodes_left -= seq.num_pending_tokens == 1
-            if seq.status != SequenceStatus.RUNNING:
-                continue  # preempted earlier in this step
-            # A prompt chunk leaves one token for every decode planned after it: chunked prefill must
-            # never make a running decode wait, whichever class the long prompt belongs to.
-            reserve = 0 if seq.num_pending_tokens == 1 else decodes_left
-            n = max(0, min(seq.num_pending_tokens, budget - reserve, self._chunk_cap(seq)))
-            if n == 0:
+            if seq.status == SequenceStatus.RUNNING and seq.num_pending_tokens == 1 \
+                    and self._grow(seq, 1, plan, scheduled):
+                plan.chunks.append(_chunk(seq, 1))
+                scheduled.add(seq.seq_id)
+
+    def _grow(self, seq: Sequence, n: int, plan: StepPlan, scheduled: set[int]) -> bool:
+        """KV for ``n`` more tokens of a running sequence, preempting the least important unscheduled
+        sequence (the sequence itself, if it is that one) while the pool is short."""
+        bm = self.block_manager
+        while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+            victim = self._victim(exclude=scheduled | self._others_protected(seq), max_rank=None)
+            if victim is None:
+                return False
+            self._preempt(victim, plan)
+            if victim is seq:
+                return False
+        bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+        return True
+
+    def _others_protected(self, seq: Sequence) -> set[int]:
+        """Share-protected sequences other than ``seq``: no class may take their KV blocks."""
+        return self._protected - {seq.seq_id} if self._protected else set()
+
+    def _serve_class(self, plan: StepPlan, state: LLMClassState, now: float, limit: int | None,
+                     for_share: bool) -> None:
+        """Prompt chunks for the class's running prefills, then its admissions, within the room left in
+        the budget (and ``limit`` tokens, for a min_share pass). Going class by class pauses a less
+        important class's running prefill while a more important class waits."""
+        taken = 0
+
+        def room() -> int:
+            r = self._room(plan)
+            return r if limit is None else min(r, limit - taken)
+
+        for seq in sorted((s for s in self.running if s.class_name == state.name),
+                          key=lambda s: (s.arrival_s, s.seq_id)):
+            if seq.num_pending_tokens == 1:
+                continue  # a decode: planned already
+            planned = self._planned_tokens(plan, seq)  # a chunk from the min_share pass grows
+            n = min(seq.num_pending_tokens - planned, room())
+            if n <= 0:
+                if room() <= 0:
+                    return
                 continue
-            while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-                victim = self._victim(exclude=scheduled, max_rank=None)
-                if victim is None:
-                    break
-                self._preempt(victim, plan)
-                if victim is seq:
-                    break
-            if seq.status != SequenceStatus.RUNNING or not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-                continue
-            bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
-            self._take_tokens(plan, seq, n)
-            scheduled.add(seq.seq_id)
-            budget -= n
-        return budget
+            if seq.status == SequenceStatus.RUNNING and self._grow(seq, planned + n, plan, self._planned(plan)):
+                self._take_tokens(plan, seq, n, for_share)
+                taken += n
+        cap = state.policy.max_running
+        while (n_room := room()) > 0 and (cap is None or state.num_running < cap):
+            item = state.queue.peek_for_admission(now, state.vtc.pick)
+            if item is None:
+                return
+            seq: Sequence = item.payload
+            cached = self.block_manager.lookup(seq)  # a prefix whose KV is cached is not computed again
+            n = min(seq.num_pending_tokens - cached, n_room)
+            if seq.seq_id in plan.preempted:  # preempted this step: not back in it
+                return
+            if not self._make_room(seq, cached + n, state.rank, plan):
+                return
+            self._admit_one(state, item, seq, n, now, plan, for_share)
+            taken += n
+
+    def _admit_one(self, state: LLMClassState, item: QueuedItem, seq: Sequence, n: int, now: float,
+                   plan: StepPlan, for_share: bool) -> None:
+        state.queue.take(item, now)
+        seq.num_computed_tokens = self.block_manager.admit(seq, n)  # starts after its cached prefix
+        # VTC charges the prompt at admission (as the paper does): the next pick in this very step
+        # already sees it, so one user cannot fill a step while its counter stands still. A cached
+        # prefix costs nothing to serve, so it is not charged.
+        fresh = seq.num_prompt_tokens - max(seq.extra.get("charged_prompt", 0), seq.num_computed_tokens)
+        if fresh > 0:
+            state.vtc.charge(seq.user, fresh, 0)
+            seq.extra["charged_prompt"] = seq.num_prompt_tokens
+        if state.queue.num_queued_for(seq.user) == 0:
+            state.vtc.on_drained(seq.user)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        state.num_running += 1
+        if for_share and self._num_protected(state) < self._share_slots(state):
+            self._protected.add(seq.seq_id)
+        self._take_tokens(plan, seq, n, for_share)
+
+    @staticmethod
+    def _planned(plan: StepPlan) -> set[int]:
+        return {c.seq_id for c in plan.chunks}
+
+    @staticmethod
+    def _planned_tokens(plan: StepPlan, seq: Sequence) -> int:
+        return sum(c.num_tokens for c in plan.chunks if c.seq_id == seq.seq_id)
+
+    def _take_tokens(self, plan: StepPlan, seq: Sequence, n: int, for_share: bool) -> None:
+        """Plan ``n`` more tokens of ``seq``: a new chunk, or the one planned earlier, grown."""
+        planned = self._planned_tokens(plan, seq)
+        plan.chunks[:] = [c for c in plan.chunks if c.seq_id != seq.seq_id]
+        plan.chunks.append(_chunk(seq, planned + n))
+        if for_share:
+            self._share_used[seq.class_name] = self._share_used.get(seq.class_name, 0) + n
 
     def _shed_over_limits(self, plan: StepPlan) -> None:
         """A policy swap may lower max_num_seqs or a class's max_running below what runs: the excess
         (least important, newest first) goes back to the head of its queue, so the limits hold now."""
+        self._protected = set()
         for state in self.classes.values():
             cap = state.policy.max_running
             while cap is not None and state.num_running > cap:
@@ -288,90 +374,92 @@ class ClassScheduler(StepScheduler):
         seq.num_preemptions += 1
         self.num_preemptions += 1
         plan.preempted.append(seq.seq_id)
+        self._protected.discard(seq.seq_id)
         for chunk in [c for c in plan.chunks if c.seq_id == seq.seq_id]:  # planned earlier this step
             plan.chunks.remove(chunk)
-            if chunk.num_tokens > 1:
-                self._prefill_used[seq.class_name] -= chunk.num_tokens
+            if seq.class_name in self._share_used:
+                self._share_used[seq.class_name] = max(0, self._share_used[seq.class_name] - chunk.num_tokens)
         item = seq.extra["item"]
         item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
         state.queue.requeue_front(item)
 
-    def _admission_order(self) -> list[LLMClassState]:
-        return sorted(self.classes.values(), key=lambda c: (-1 if self._starved(c) else c.rank, c.policy.priority))
+    # ---- min_share: a rate, not a debt --------------------------------------------------------------
+    def _owed_background(self) -> list[LLMClassState]:
+        """Background classes with share credit, refilled by min_share of this step's budget while the
+        class has work (a bucket: no catch-up bursts, nothing owed at a cold start)."""
+        out = []
+        for state in sorted(self.classes.values(), key=lambda c: c.rank):
+            bucket = state.bucket
+            bucket.share = state.policy.min_share if state.policy.background else 0.0
+            bucket.set_capacity(SHARE_BURST_STEPS * bucket.share * self.max_num_batched_tokens)
+            bucket.refill(self._budget, backlogged=bool(state.num_running or len(state.queue)))
+            if bucket.owed:
+                out.append(state)
+        return out
 
-    def _starved(self, c: LLMClassState) -> bool:
-        return c.policy.background and c.policy.min_share > 0 and len(c.queue) > 0 \
-            and self._share(c) < c.policy.min_share
+    def _share_slots(self, state: LLMClassState) -> int:
+        return int(state.policy.min_share * self.max_num_seqs) if state.policy.background else 0
 
-    def _share(self, state: LLMClassState) -> float:
-        total = sum(sum(c.recent) for c in self.classes.values())
-        return sum(state.recent) / total if total else 0.0
+    def _num_protected(self, state: LLMClassState) -> int:
+        return sum(self.seqs[sid].class_name == state.name for sid in self._protected)
 
-    def _admit(self, plan: StepPlan, now: float) -> None:
-        bm = self.block_manager
-        for state in self._admission_order():
-            starved = self._starved(state)
-            cap = state.policy.max_running
-            while (budget := self.max_num_batched_tokens - plan.num_tokens) > 0 \
-                    and (cap is None or state.num_running < cap):
-                item = state.queue.peek_for_admission(now, state.vtc.pick)
-                if item is None:
+    def _share_protected(self) -> set[int]:
+        """Running sequences that hold a background class's share and no more: its oldest, at most
+        min_share of the sequence slots and of the KV pool. A more important class cannot take these;
+        everything else a background class holds is preemptible, so it never locks voice out."""
+        bm, out = self.block_manager, set()
+        for state in self.classes.values():
+            slots = self._share_slots(state)
+            blocks_left = state.policy.min_share * bm.num_blocks
+            mine = sorted((s for s in self.running if s.class_name == state.name),
+                          key=lambda s: (s.arrival_s, s.seq_id))
+            for seq in mine[:slots]:
+                blocks_left -= len(bm.block_table(seq.seq_id))
+                if blocks_left < 0:
                     break
-                seq: Sequence = item.payload
-                cached = bm.lookup(seq)  # a prefix whose KV is cached is not computed again, nor charged
-                n = min(seq.num_pending_tokens - cached, budget, self._chunk_cap(seq))
-                if n == 0 or seq.seq_id in plan.preempted:  # preempted this step: not back in it
-                    break
-                if not self._make_room(seq, cached + n, state.rank, plan):
-                    break
-                state.queue.take(item, now)
-                if state.queue.num_queued_for(seq.user) == 0:
-                    state.vtc.on_drained(seq.user)
-                seq.num_computed_tokens = bm.admit(seq, n)  # starts after its cached prefix
-                seq.status = SequenceStatus.RUNNING
-                # Admitted for its min_share: keeps its slot until it finishes, or more important
-                # admissions would preempt it again and again and the share would buy no progress.
-                seq.extra["min_share"] = starved
-                self.running.append(seq)
-                state.num_running += 1
-                self._take_tokens(plan, seq, n)
+                out.add(seq.seq_id)
+        return out
 
     def _make_room(self, seq: Sequence, n: int, rank: int, plan: StepPlan) -> bool:
         """Free a sequence slot and KV blocks for an admission, preempting strictly less important
-        classes only (even if already planned this step: their chunk is dropped), never one admitted for
-        its class's min_share; False when that is not enough (the request keeps its place)."""
+        classes only (even if already planned this step: their chunk is dropped), never a sequence that
+        holds a background class's share; False when that is not enough (the request keeps its place)."""
         bm = self.block_manager
-        protected = {s.seq_id for s in self.running if s.extra.get("min_share")}
         while len(self.running) >= self.max_num_seqs or not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-            victim = self._victim(exclude=protected, max_rank=rank)
+            victim = self._victim(exclude=self._protected, max_rank=rank)
             if victim is None:
                 return False
             self._preempt(victim, plan)
         return True
 
-    def _record_shares(self, plan: StepPlan) -> None:
+    def _charge_shares(self, plan: StepPlan) -> None:
+        """Charge each background class's bucket with what it got: on its share, or on idle capacity."""
         per_class: dict[str, int] = {}
         for chunk in plan.chunks:
             name = self.seqs[chunk.seq_id].class_name
             per_class[name] = per_class.get(name, 0) + chunk.num_tokens
         for name, state in self.classes.items():
-            state.recent.append(per_class.get(name, 0))
+            forced = min(self._share_used.get(name, 0), per_class.get(name, 0))
+            state.bucket.charge(forced, forced=True)
+            state.bucket.charge(per_class.get(name, 0) - forced, forced=False)
 
     # ---- results ---------------------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
         with self.lock:
             now = self.clock.now()
+            if self._in_flight is not None:
+                start_s, num_tokens = self._in_flight
+                self.step_cost.observe(num_tokens, now - start_s)
+                self._in_flight = None
             touched = []
             for chunk in plan.chunks:
                 seq = self.seqs.get(chunk.seq_id)
                 if seq is None:  # aborted while the step ran
                     continue
                 state = self.classes[seq.class_name]
-                fresh_prompt = max(0, min(chunk.start + chunk.num_tokens, seq.num_prompt_tokens)
-                                   - max(chunk.start, seq.extra.get("charged_prompt", 0)))
-                seq.extra["charged_prompt"] = seq.extra.get("charged_prompt", 0) + fresh_prompt
                 sampled = output.sampled.get(chunk.seq_id) if chunk.sample else None
-                state.vtc.charge(seq.user, fresh_prompt, 1 if sampled is not None else 0)
+                if sampled is not None:  # the prompt was charged at admission; output as generated
+                    state.vtc.charge(seq.user, 0, 1)
                 state.served_tokens += chunk.num_tokens
                 self._apply_chunk(seq, chunk.num_tokens, sampled, now)
                 if sampled is not None:
