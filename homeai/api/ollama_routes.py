@@ -15,6 +15,7 @@ from typing import Any
 
 from litestar import Controller, Request, Response, get, head, post
 
+from homeai.api.embedding_limits import check_input_lengths
 from homeai.api.errors import ApiError, BadRequest
 from homeai.api.model_info import model_details, model_ps, model_show, model_tags, pull_lines
 from homeai.api.ollama_schemas import (
@@ -167,6 +168,8 @@ class OllamaController(Controller):
         route = route_request(gateway, data.model, ctx, "embedding")
         if data.dimensions is not None and data.dimensions != gateway.embedders[route.model].dim:
             raise BadRequest(f"model {route.model!r} gives {gateway.embedders[route.model].dim} dimensions")
+        if not data.truncate:  # Ollama's option: the default (true) cuts a long input, false refuses it
+            await check_input_lengths(gateway.embedders[route.model], route.model, inputs)
         result = await run_embedding(request, route, inputs, ctx)
         return {"model": data.model, "embeddings": result.vectors.tolist(), "load_duration": 0,
                 "total_duration": time.monotonic_ns() - started_ns, "prompt_eval_count": result.num_tokens}

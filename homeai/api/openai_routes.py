@@ -15,6 +15,7 @@ from typing import Any
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 
+from homeai.api.embedding_limits import check_input_lengths
 from homeai.api.errors import BadRequest, NotFound
 from homeai.api.openai_schemas import (
     AssistantMessage,
@@ -208,6 +209,7 @@ class OpenAIController(Controller):
         dim = gateway.embedders[route.model].dim
         if data.dimensions is not None and data.dimensions != dim:
             raise BadRequest(f"model {route.model!r} gives {dim} dimensions", param="dimensions")
+        await check_input_lengths(gateway.embedders[route.model], route.model, inputs)  # OpenAI refuses, never cuts
         result = await run_embedding(request, route, inputs, ctx)
         vectors = result.vectors.astype("<f4")
         items = [EmbeddingData(i, base64.b64encode(v.tobytes()).decode() if data.encoding_format == "base64"
