@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -28,6 +29,7 @@ class EngineConfig:
     dtype: str | None = None
     quantization: str = "none"  # "int8": per-channel int8 weights (homeai.runtime.quant)
     kv_cache_mb: int = 256
+    enable_prefix_caching: bool = True  # keep finished prompts' KV blocks for reuse (see BlockManager)
     block_size: int = 16
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
@@ -57,7 +59,7 @@ def build_llm_engine(folder: Path, config: EngineConfig | None = None,
     per_block = KVCache.bytes_per_block(mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype)
     num_blocks = max(1, cfg.kv_cache_mb * 2**20 // per_block)
     cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim, device, dtype)
-    block_manager = BlockManager(num_blocks, cfg.block_size)
+    block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, model=folder.name)
     tokenizer = load_tokenizer(folder)
     stop_ids = eos_ids(folder, model, tokenizer)
     runner = ModelRunner(model, block_manager, cache, GrammarCache(tokenizer, mc.vocab_size, stop_ids))
@@ -72,7 +74,15 @@ def build_llm_engine(folder: Path, config: EngineConfig | None = None,
     return engine
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    """Apply the model's own chat template (from its metadata) and return token ids."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]],
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Apply the model's own chat template (from its metadata) and return token ids; ``tools`` (OpenAI
+    function definitions) only for a template with a tools section (see ``template_has_tools``)."""
+    ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True)
     return list(ids)
+
+
+def template_has_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the chat template renders a ``tools`` variable (SmolLM2's does not)."""
+    template = tokenizer.chat_template
+    return isinstance(template, str) and "tools" in template

@@ -68,10 +68,11 @@ def tiny_model() -> LlamaModel:
 
 
 def build_tiny_engine(model: LlamaModel, num_blocks: int = 64, block_size: int = 4,
-                      max_num_batched_tokens: int = 32, max_num_seqs: int = 8) -> LLMEngine:
+                      max_num_batched_tokens: int = 32, max_num_seqs: int = 8,
+                      prefix_caching: bool = False) -> LLMEngine:
     """A complete engine (not started) over ``model`` with its own KV pool and FCFS scheduler."""
     cfg = model.cfg
-    bm = BlockManager(num_blocks, block_size)
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching, model="tiny")
     cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                     model.device, model.dtype)
     scheduler = FCFSScheduler(bm, max_num_batched_tokens, max_num_seqs)
