@@ -9,7 +9,8 @@
     POST   /v1/jobs/{id}/resume   continue (skips what is committed)
     POST   /v1/search             {"collection", "query", "k"} -> {"results": [{"text", "score", "document"}]}
 
-Jobs read folders on the server, so they need an admin caller (any caller on loopback without keys);
+Jobs read folders on the server, so they need an admin caller (any caller on loopback without keys),
+and an index job's folder must lie inside one of Settings.job_roots (HOMEAI_JOB_ROOTS) when those are set;
 search needs any authenticated caller. The query is embedded in the interactive embedding class.
 """
 
@@ -76,7 +77,8 @@ async def _job(manager: JobManager, job_id: int) -> JobInfo:
 async def create_job(request: Request[Any, Any, Any], data: JSONBody[JobCreate]) -> JobView:
     manager = _manager(request)
     policy = request.app.state.policy_holder.current
-    spec = job_spec(data, {name for name, c in policy.classes.items() if c.kind == "llm"})
+    spec = job_spec(data, {name for name, c in policy.classes.items() if c.kind == "llm"},
+                    request.app.state.settings.job_roots)
     caller = await resolve_caller(request)
     job = await manager.add(data.kind, spec, data.schedule, caller.user)
     return await job_view(manager, await _job(manager, job.id))

@@ -98,7 +98,7 @@ def _name(value: str | None, param: str) -> str:
     return value.strip()
 
 
-def _index_spec(body: JobCreate) -> dict[str, Any]:
+def _index_spec(body: JobCreate, job_roots: tuple[Path, ...]) -> dict[str, Any]:
     if not body.path or not body.path.strip():
         raise BadRequest("'path' is required: a folder on the server", param="path")
     try:
@@ -110,7 +110,10 @@ def _index_spec(body: JobCreate) -> dict[str, Any]:
         raise BadRequest(f"'path' must be absolute, got {body.path!r}", param="path")
     if not is_dir:
         raise BadRequest(f"'path' {body.path!r} is not a folder on the server", param="path")
-    spec: dict[str, Any] = {"path": str(folder.resolve()), "collection": _name(body.collection, "collection")}
+    folder = folder.resolve()
+    if job_roots and not any(folder.is_relative_to(root) for root in job_roots):
+        raise BadRequest(f"'path' {body.path!r} is outside the folders jobs may read", param="path")
+    spec: dict[str, Any] = {"path": str(folder), "collection": _name(body.collection, "collection")}
     if body.chunk_tokens is not None:
         if not 8 <= body.chunk_tokens <= 512:
             raise BadRequest("'chunk_tokens' must be in [8, 512]", param="chunk_tokens")
@@ -141,8 +144,9 @@ def _prompt_spec(body: JobCreate, llm_classes: set[str]) -> dict[str, Any]:
     return spec
 
 
-def job_spec(body: JobCreate, llm_classes: set[str]) -> dict[str, Any]:
-    """The stored spec of a valid request; BadRequest naming the field otherwise."""
+def job_spec(body: JobCreate, llm_classes: set[str], job_roots: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The stored spec of a valid request; BadRequest naming the field otherwise. ``job_roots`` (when
+    not empty) are the only folders an index job may read (Settings.job_roots)."""
     if body.kind not in JOB_KINDS:
         raise BadRequest(f"'kind' must be one of {list(JOB_KINDS)}, got {body.kind!r}", param="kind")
     if body.schedule is not None:
@@ -151,7 +155,7 @@ def job_spec(body: JobCreate, llm_classes: set[str]) -> dict[str, Any]:
         except ValueError as e:
             raise BadRequest(f"invalid 'schedule': {e}", param="schedule") from None
     if body.kind == "index":
-        return _index_spec(body)
+        return _index_spec(body, job_roots)
     if body.kind == "prompt":
         return _prompt_spec(body, llm_classes)
     days = 30.0 if body.days is None else body.days

@@ -17,6 +17,7 @@ from pathlib import Path
 
 DATA_DIR_ENV = "HOMEAI_DATA_DIR"
 DATABASE_URL_ENV = "HOMEAI_DATABASE_URL"
+JOB_ROOTS_ENV = "HOMEAI_JOB_ROOTS"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
 POLICY_FILE_NAME = "policy.yaml"
@@ -32,6 +33,12 @@ def default_data_dir() -> Path:
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Application Support" / "homeai"
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "homeai"
+
+
+def job_roots_from_env() -> tuple[Path, ...]:
+    """HOMEAI_JOB_ROOTS: the folders (separated by os.pathsep) index jobs may read; unset: any folder."""
+    raw = os.environ.get(JOB_ROOTS_ENV, "")
+    return tuple(Path(p).expanduser().resolve() for p in raw.split(os.pathsep) if p.strip())
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +66,8 @@ class Settings:
     cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
     # None: SQLite in the data dir; else any SQLAlchemy async URL (postgresql+asyncpg://user:pw@host/db)
     database_url: str | None = field(default_factory=lambda: os.environ.get(DATABASE_URL_ENV) or None)
+    # folders an index job may read (a sandbox for tests, or a limit an admin sets); empty: any folder
+    job_roots: tuple[Path, ...] = field(default_factory=job_roots_from_env)
 
     @property
     def database_path(self) -> Path:

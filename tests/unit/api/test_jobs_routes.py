@@ -18,6 +18,7 @@ from litestar.testing import AsyncTestClient
 from homeai.api.errors import exception_handler
 from homeai.api.jobs_routes import jobs_router
 from homeai.api.observability_routes import observability_router
+from homeai.api.settings import Settings
 from homeai.jobs.manager import JobManager
 from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.loader import load_policy
@@ -50,7 +51,7 @@ async def app(tmp_path: Path) -> AsyncIterator[Litestar]:
     await manager.start()
     state = State({"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "jobs": manager,
                    "search": SearchIndex(store.collections), "gateway": FakeGateway(), "metrics": MetricsRecorder(),
-                   "request_log": StubWriter()})
+                   "request_log": StubWriter(), "settings": Settings(data_dir=tmp_path / "data", job_roots=())})
     yield Litestar(route_handlers=[jobs_router, observability_router], state=state,
                    exception_handlers={Exception: exception_handler})
     await manager.shutdown()
@@ -86,6 +87,16 @@ async def test_bad_job_requests_name_the_field(client: AsyncTestClient[Litestar]
     r = await client.post("/v1/jobs", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+async def test_index_job_outside_the_job_roots_is_refused(app: Litestar, client: AsyncTestClient[Litestar],
+                                                          tmp_path: Path) -> None:
+    (tmp_path / "root" / "docs").mkdir(parents=True)
+    app.state.settings.job_roots = ((tmp_path / "root").resolve(),)
+    r = await client.post("/v1/jobs", json={"kind": "index", "path": str(tmp_path), "collection": "c"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "path", r.text
+    r = await client.post("/v1/jobs", json={"kind": "index", "path": str(tmp_path / "root/docs"), "collection": "c"})
+    assert r.status_code == 201, r.text
 
 
 async def test_scheduled_job_lifecycle(client: AsyncTestClient[Litestar]) -> None:
