@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -32,6 +35,35 @@ def add_bench_commands(subparsers: Any) -> None:
     p = kinds.add_parser("calibrate", help="fit the simulator's cost model on this machine's real runtime")
     add_calibrate_arguments(p)
     p.set_defaults(func=run_calibrate)
+    p = kinds.add_parser("soak", help="every class at once against a real server, then what leaked")
+    p.add_argument("--minutes", type=float, default=10.0, help="how long the load runs (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    p.add_argument("--work-dir", type=Path, help="keep the server's data, the notes and its log here "
+                   "(default: a temporary folder, removed afterwards)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the clients' choices")
+    p.set_defaults(func=cmd_bench_soak)
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    """Start a server of our own on loopback, soak it, print the report (the server stops after)."""
+    from homeai.bench.soak import SoakConfig, run_soak
+    from homeai.bench.soak_server import soak_server
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    with contextlib.ExitStack() as stack:
+        work_dir = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="homeai-soak-")))
+        log(f"soak: starting a server in {work_dir}")
+        server = stack.enter_context(soak_server(work_dir))
+        report = run_soak(SoakConfig(server.url, server.pid, server.database_url, work_dir, args.minutes,
+                                     seed=args.seed), log)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key, value in report.items():
+            print(f"{key}: {value}")
+    return 0
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
