@@ -22,6 +22,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from homeai.api.admin_routes import admin_router
 from homeai.api.auth import authenticate
 from homeai.api.background import background_lifespan
+from homeai.api.drain import Drain, end_open_generations, refuse_while_draining
 from homeai.api.errors import exception_handler
 from homeai.api.jobs_routes import jobs_router
 from homeai.api.observability_routes import observability_router
@@ -80,6 +81,18 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
 
 
 @asynccontextmanager
+async def drain_lifespan(app: Litestar) -> AsyncIterator[None]:
+    """Arm the drain (``homeai serve`` calls ``begin`` on SIGTERM): at its deadline, the gateway's open
+    generations are ended with an error that each stream turns into its API's final message."""
+    drain: Drain = app.state.drain
+    drain.attach(asyncio.get_running_loop(), lambda: end_open_generations(app.state.get("gateway")))
+    try:
+        yield
+    finally:
+        drain.close()
+
+
+@asynccontextmanager
 async def policy_watcher_lifespan(app: Litestar) -> AsyncIterator[None]:
     """Hot reload: an edited policy file is applied; an invalid one is refused and logged."""
     task = start_policy_watcher(app.state.policy_holder, app.state.policy_path, app.state.get("store"),
@@ -102,13 +115,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=handlers,
         exception_handlers={Exception: exception_handler},
-        guards=[authenticate],  # before any body is parsed: a stranger gets 401, never a 400
+        # before any body is parsed: a draining server answers 503, a stranger 401 (never a 400)
+        guards=[refuse_while_draining, authenticate],
         # request log and jobs start after the engine and stop before it
-        lifespan=[store_lifespan, engine_lifespan, background_lifespan, policy_watcher_lifespan],
+        lifespan=[store_lifespan, engine_lifespan, background_lifespan, drain_lifespan, policy_watcher_lifespan],
         request_max_body_size=settings.max_body_bytes,
         state=State({"settings": settings, "bind_host": settings.host, "policy_holder": holder,
                      "policy_path": policy_path, "metrics": MetricsRecorder(), "gateway": None, "store": None,
-                     "policy_refusal": refusal}),
+                     "policy_refusal": refusal, "drain": Drain(settings.drain_timeout_s)}),
         openapi_config=OpenAPIConfig(title="HomeAI Gateway", version="0.1.0", path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),
     )

@@ -89,7 +89,8 @@ async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def _stats_events(state: State, interval_s: float, count: int | None = None,
                         ) -> AsyncIterator[ServerSentEventMessage]:
     sent = 0
-    while count is None or sent < count:
+    drain = state.get("drain")
+    while (count is None or sent < count) and not (drain is not None and drain.draining):  # ends on SIGTERM
         if sent:
             await asyncio.sleep(interval_s)
         yield ServerSentEventMessage(data=json.dumps(stats_document(state)), event="stats")
@@ -124,6 +125,9 @@ def gateway_started(gateway: Any) -> bool:
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     state = request.app.state
     gateway = state.get("gateway")
+    drain = state.get("drain")
+    if drain is not None and drain.draining:  # a balancer stops sending here; requests get 503 anyway
+        return Response({"status": "draining"}, status_code=503, headers={"Retry-After": str(drain.retry_after_s())})
     if not gateway_started(gateway):
         return Response({"status": "starting"}, status_code=503)
     store = state.get("store")

@@ -110,8 +110,11 @@ async def response_events(gen: Generation, reply: _Reply) -> AsyncIterator[bytes
     reason: FinishReason | None = None
     async with aclosing(gen.deltas()) as deltas:
         async for delta in deltas:
-            if delta.error:
+            if delta.error:  # an engine error, or a drain at shutdown: the response ends as failed
                 yield event("error", code="engine_error", message=delta.error, param=None)
+                failed = {**reply.body(None, None), "status": "failed",
+                          "error": {"code": "server_error", "message": delta.error}}
+                yield event("response.failed", response=failed)
                 return
             if delta.text:
                 parts.append(delta.text)

@@ -18,6 +18,7 @@ from pathlib import Path
 DATA_DIR_ENV = "HOMEAI_DATA_DIR"
 DATABASE_URL_ENV = "HOMEAI_DATABASE_URL"
 JOB_ROOTS_ENV = "HOMEAI_JOB_ROOTS"
+DRAIN_TIMEOUT_ENV = "HOMEAI_DRAIN_TIMEOUT_S"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
 POLICY_FILE_NAME = "policy.yaml"
@@ -62,6 +63,8 @@ class Settings:
     kv_cache_mb: int = 256
     max_body_bytes: int = 10 * 2**20  # larger request bodies get 413
     policy_poll_s: float = 1.0  # how often the policy file's mtime is checked for a hot reload
+    drain_timeout_s: float = field(default_factory=lambda: float(os.environ.get(DRAIN_TIMEOUT_ENV) or 30.0))
+    # on SIGTERM: running requests may go on this long before their streams are ended (homeai/api/drain.py)
     device: str | None = None
     cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
     # None: SQLite in the data dir; else any SQLAlchemy async URL (postgresql+asyncpg://user:pw@host/db)

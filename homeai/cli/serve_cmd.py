@@ -1,18 +1,23 @@
 """`homeai serve`: the gateway under uvicorn, on 127.0.0.1:8000 unless told otherwise.
 
 One worker process on purpose: the process owns the accelerator, and every request must go through
-its one batcher.
+its one batcher. On SIGTERM (or Ctrl-C) the app drains (homeai/api/drain.py) before uvicorn stops:
+uvicorn's own graceful-shutdown wait is set a little longer than the drain, so that it never cancels a
+stream before the drain has ended it with a final message. The process then exits with status 0, or
+143 where uvicorn re-raises the signal; systemd counts both as a clean stop.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from homeai.api.settings import DATA_DIR_ENV, Settings, default_data_dir
+from homeai.api.settings import DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
 
 
 def add_serve_command(subparsers: Any) -> None:
@@ -30,6 +35,9 @@ def add_serve_command(subparsers: Any) -> None:
                              "copied from policies/default.yaml on first start)")
     parser.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache size of the LLM; default 256")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"on SIGTERM, how long running requests may go on (env {DRAIN_TIMEOUT_ENV}; "
+                             "default 30)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=cmd_serve)
 
@@ -38,16 +46,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from homeai.api.app import create_app
+    from homeai.api.drain import DRAIN_GRACE_S, Drain
     from homeai.policy.loader import PolicyError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(),
                         policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device)
+    if args.drain_timeout is not None:
+        settings.drain_timeout_s = args.drain_timeout
     try:
         app = create_app(settings)
     except PolicyError as exc:
         print(f"error: {exc}")
         return 1
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level, workers=1,
-                timeout_graceful_shutdown=5)
+    drain: Drain = app.state.drain
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, telling the app's drain the moment a stop signal arrives."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            drain.begin()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, workers=1,
+                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s + DRAIN_GRACE_S))
+    DrainingServer(config).run()
     return 0

@@ -1,7 +1,8 @@
 """The engine: one thread owns the device and runs step after step while there is work.
 
-asyncio code adds and aborts requests at any moment through an inbox; the thread applies the inbox at
-the start of each step (so an abort frees its KV blocks within one step), then runs
+asyncio code adds and aborts requests at any moment through an inbox; only the device thread touches
+the scheduler: it applies the inbox at the start of each iteration (so an abort frees its KV blocks
+within one step, and a full queue's 429 reaches the caller as the first thing its stream yields), then runs
 
     plan = scheduler.schedule(); output = runner.execute(plan); scheduler.update(plan, output)
 
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from homeai.core.sequence import Sequence
+from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import Constraint, FinishReason, SamplingParams, StepOutput, TokenDelta, TokenLogprob
 from homeai.engine.detokenizer import IncrementalDetokenizer
 from homeai.engine.model_runner import ModelRunner
@@ -79,8 +80,9 @@ class LLMEngine:
             self._loop_thread = None
 
     # ---- asyncio side ----------------------------------------------------------------------------
-    def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams,
-                      request_id: str | None = None, **meta: Any) -> Sequence:
+    def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                      class_name: str = "default", user: str = "default", priority_level: int | None = None,
+                      timeout_us: int | None = None) -> Sequence:
         """Validate a request and build its sequence (raises RequestError with a clear message)."""
         n = len(prompt_token_ids)
         if n == 0:
@@ -96,29 +98,31 @@ class LLMEngine:
             raise RequestError(f"prompt + max_tokens ({n + params.max_tokens}) exceed the KV cache "
                                f"({bm.num_blocks * bm.block_size} tokens)")
         seq = Sequence(next(self._ids), request_id or uuid.uuid4().hex, list(prompt_token_ids), params,
-                       eos_token_ids=self.eos_token_ids, **meta)
+                       eos_token_ids=self.eos_token_ids, class_name=class_name, user=user,
+                       priority_level=priority_level, timeout_us=timeout_us)
         seq.sink = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, params.stop)
         return seq
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str | None = None, **meta: Any) -> AsyncIterator[TokenDelta]:
-        """Stream deltas until the request finishes; leaving early (disconnect) aborts it."""
-        seq = self.make_sequence(prompt_token_ids, params, request_id, **meta)
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                       class_name: str = "default", user: str = "default", priority_level: int | None = None,
+                       timeout_us: int | None = None) -> AsyncIterator[TokenDelta]:
+        """Stream deltas until the request finishes; leaving early (disconnect) aborts it. A request its
+        queue refuses raises QueueFullError (HTTP 429) where the first delta is awaited."""
+        seq = self.make_sequence(prompt_token_ids, params, request_id, class_name, user, priority_level,
+                                 timeout_us)
         if params.constraint is not None:
             await self.compile_constraint(params.constraint)
         queue = self.streams.open(seq.request_id)
-        try:
-            self.scheduler.add(seq)  # may raise QueueFullError at once (HTTP 429)
-        except BaseException:
-            self.streams.close(seq.request_id)
-            raise
-        self.wake.set()
+        self._post("add", seq)  # the device thread queues it (the only thread that touches the scheduler)
         finished = False
         try:
             while not finished:
-                delta = await queue.get()
-                finished = delta.finished
-                yield delta
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    finished = True  # never queued: nothing to abort
+                    raise item
+                finished = item.finished
+                yield item
         finally:
             self.streams.close(seq.request_id)
             if not finished:
@@ -137,6 +141,11 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
 
+    def fail_all_soon(self, message: str) -> None:
+        """From asyncio: end every sequence with ``message`` as its error before the next step (a
+        server draining at shutdown), so each stream closes with its API's error ending."""
+        self._post("fail_all", message)
+
     def _post(self, kind: str, item: Any) -> None:
         with self._inbox_lock:
             self._inbox.append((kind, item))
@@ -144,18 +153,27 @@ class LLMEngine:
 
     # ---- the device thread -----------------------------------------------------------------------
     def drain_inbox(self) -> None:
-        """Apply aborts posted from asyncio (called by the device loop before each step)."""
+        """Apply adds and aborts posted from asyncio, in posting order (the device loop calls it before
+        each iteration: the scheduler is only ever touched from that thread)."""
         with self._inbox_lock:
             items, self._inbox = self._inbox, []
         deltas = []
         for kind, item in items:
-            if kind == "abort":
+            if kind == "add":
+                try:
+                    self.scheduler.add(item)
+                except Exception as exc:  # QueueFullError (429), an unknown class (400): the caller raises it
+                    self.streams.fail(item.request_id, exc)
+            elif kind == "abort":
                 seq = self.scheduler.abort(item)
                 if seq is not None:
                     self.runner.release(seq.seq_id)
                     deltas.append(self._delta(seq))
         if deltas:
             self.streams.publish(deltas)
+        for kind, item in items:
+            if kind == "fail_all":
+                self._fail_all(item)
 
     def step(self) -> list[TokenDelta]:
         """One iteration: plan, execute, apply, publish. Public so tests can drive it synchronously."""
@@ -179,20 +197,19 @@ class LLMEngine:
         return deltas
 
     def _rejected(self) -> list[Sequence]:
-        drain = getattr(self.scheduler, "drain_rejected", None)
-        return drain() if drain is not None else []
+        return self.scheduler.drain_rejected()
 
     def fail_all(self, message: str) -> None:
         """Abort every sequence with an error (after a failed step), keeping the loop alive."""
         self._fail_all(message)
 
     def _delta(self, seq: Sequence, output: StepOutput | None = None) -> TokenDelta:
-        emitted = seq.extra.get("emitted", 0)
-        new_ids = seq.output_token_ids[emitted:]
-        seq.extra["emitted"] = len(seq.output_token_ids)
+        new_ids = seq.output_token_ids[seq.num_emitted_tokens:]
+        seq.num_emitted_tokens = len(seq.output_token_ids)
         text, seq.pending_text = seq.pending_text, ""
         delta = TokenDelta(seq.request_id, text, new_ids, seq.num_prompt_tokens, seq.num_output_tokens,
-                           seq.status.finish_reason, seq.extra.get("error"))
+                           seq.status.finish_reason, seq.error,
+                           timed_out=seq.status == SequenceStatus.FINISHED_TIMED_OUT)
         sid = seq.seq_id
         if seq.params.logprobs is not None and output is not None and sid in output.sampled and new_ids:
             delta.logprobs = [TokenLogprob(output.sampled[sid], output.logprobs[sid], output.top_logprobs.get(sid, []))]

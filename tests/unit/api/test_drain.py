@@ -1,0 +1,116 @@
+"""Issue 10 item 4, the app's side of a drain: 503 + Retry-After once it begins, probes still answer,
+the live-stats stream ends, and the deadline ends the engine's open generations (no model here; the
+real SIGTERM with streams in flight is tests/integration/api/test_drain.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.testing import AsyncTestClient
+
+from homeai.api.auth import authenticate
+from homeai.api.drain import RESTART_ESTIMATE_S, SHUTDOWN_MESSAGE, Drain, end_open_generations, refuse_while_draining
+from homeai.api.errors import exception_handler
+from homeai.api.observability_routes import _stats_events, observability_router
+from homeai.api.openai_routes import OpenAIController
+from homeai.metrics.recorder import MetricsRecorder
+from homeai.policy.loader import load_policy
+from homeai.policy.store import PolicyHolder
+from homeai.store.db import Store
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "default.yaml"
+
+
+@dataclass
+class FakeEngine:
+    failed_with: list[str] = field(default_factory=list)
+
+    def fail_all_soon(self, message: str) -> None:
+        self.failed_with.append(message)
+
+
+@dataclass
+class FakeGateway:
+    llms: dict[str, FakeEngine] = field(default_factory=lambda: {"llm": FakeEngine()})
+    started_s: float = 1.0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"classes": {}, "device": {}}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = Store.in_dir(tmp_path)
+    await s.init()
+    yield s
+    await s.close()
+
+
+def make_app(store: Store, drain: Drain) -> Litestar:
+    state = {"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "gateway": FakeGateway(),
+             "metrics": MetricsRecorder(), "drain": drain, "stats_interval_s": 0.01}
+    return Litestar(route_handlers=[OpenAIController, observability_router], guards=[refuse_while_draining,
+                    authenticate], exception_handlers={Exception: exception_handler}, state=State(state))
+
+
+async def test_draining_refuses_new_work_but_answers_probes(store: Store) -> None:
+    clock = FakeClock()
+    drain = Drain(timeout_s=30.0, clock=clock)
+    async with AsyncTestClient(app=make_app(store, drain)) as client:
+        assert (await client.get("/readyz")).json()["status"] == "ready"
+        assert (await client.get("/v1/stats")).status_code == 200
+        drain.begin()  # what `homeai serve` does on SIGTERM (no loop attached: at once)
+        assert drain.draining
+        r = await client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        assert r.headers["retry-after"] == str(int(30 + RESTART_ESTIMATE_S))
+        clock.now_s += 25.0
+        r = await client.post("/v1/embeddings", json={"model": "m", "input": "x"})
+        assert r.status_code == 503 and r.headers["retry-after"] == str(int(5 + RESTART_ESTIMATE_S))
+        assert (await client.get("/v1/stats")).status_code == 503
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_stats_stream_ends_when_the_drain_begins() -> None:
+    drain = Drain(timeout_s=30.0)
+    state = State({"metrics": MetricsRecorder(), "drain": drain})
+    events = _stats_events(state, 0.001)
+    assert (await anext(events)).event == "stats"
+    drain.begin()
+    with pytest.raises(StopAsyncIteration):
+        await anext(events)
+
+
+async def test_the_deadline_ends_open_generations_and_close_disarms_it() -> None:
+    gateway = FakeGateway()
+    drain = Drain(timeout_s=0.05)
+    drain.attach(asyncio.get_running_loop(), lambda: end_open_generations(gateway))
+    drain.begin()
+    drain.begin()  # a second signal changes nothing
+    await asyncio.sleep(0.2)
+    assert gateway.llms["llm"].failed_with == [SHUTDOWN_MESSAGE]
+    quiet = FakeGateway()
+    early = Drain(timeout_s=0.05)
+    early.attach(asyncio.get_running_loop(), lambda: end_open_generations(quiet))
+    early.begin()
+    await asyncio.sleep(0)
+    early.close()  # the server stopped before the deadline: nothing left to end
+    await asyncio.sleep(0.2)
+    assert quiet.llms["llm"].failed_with == []
