@@ -93,10 +93,15 @@ class ModelEntry(_Strict):
     context_length: int = Field(gt=0)
     max_model_len: int | None = Field(default=None, gt=0)
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    # Weight-only quantization of an LLM's linear layers (homeai.runtime.quant): "int8" reads a quarter of
+    # the float32 bytes per decode step; norms and the KV cache stay in `dtype`.
+    quantization: Literal["none", "int8"] = "none"
     description: str = ""
 
     @model_validator(mode="after")
     def _check_lengths(self) -> ModelEntry:
+        if self.quantization != "none" and self.kind != "llm":
+            raise ValueError(f"quantization {self.quantization!r} applies to llm entries only")
         if self.max_model_len is not None and self.max_model_len > self.context_length:
             raise ValueError(
                 f"max_model_len {self.max_model_len} exceeds context_length {self.context_length}"

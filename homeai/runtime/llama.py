@@ -9,15 +9,17 @@ a handful of large matmuls.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
+from homeai.runtime.quant import Linear, make_linear
 
 
 @dataclass(slots=True)
@@ -42,56 +44,110 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer: two norms and four (fused) linear layers, dense or quantized."""
+
+    attn_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    mlp_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+class SafetensorsWeights(Mapping[str, torch.Tensor]):
+    """Tensors of a folder's ``*.safetensors`` read one at a time on access: the model quantizes or
+    moves each as it goes, so a full float32 copy of the checkpoint never sits in memory at once."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._where: dict[str, Path] = {}
+        for path in paths:
+            with safe_open(str(path), framework="pt") as f:
+                self._where.update({name: path for name in f.keys()})  # noqa: SIM118 - not a dict
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        with safe_open(str(self._where[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 class LlamaModel(torch.nn.Module):
     """Llama / Mistral / Qwen2-style decoder: RMSNorm, RoPE (incl. Llama-3 scaling), GQA, SwiGLU."""
 
-    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(self, cfg: LlamaConfig, weights: Mapping[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype, quantization: str = "none") -> None:
         super().__init__()
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
+        self.quantization = quantization
 
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype).contiguous()
 
-        self.embed = w("model.embed_tokens.weight")
+        def lin(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+            return make_linear(weight, bias, quantization, device, dtype)
+
+        self.embed = lin(weights["model.embed_tokens.weight"])
         self.lm_head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in weights \
-            else w("lm_head.weight")
+            else lin(weights["lm_head.weight"])
         self.final_norm = w("model.norm.weight")
-        self.layers: list[dict[str, torch.Tensor | None]] = []
+        self.layers: list[LayerWeights] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             bias = [weights.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            qkv_bias = None
             if all(b is not None for b in bias):
-                bias[0] = _interleave(bias[0], cfg.num_heads)
-                bias[1] = _interleave(bias[1], cfg.num_kv_heads)
-            self.layers.append({
-                "attn_norm": w(p + "input_layernorm.weight"),
-                "qkv": torch.cat([_interleave(w(p + "self_attn.q_proj.weight"), cfg.num_heads),
-                                  _interleave(w(p + "self_attn.k_proj.weight"), cfg.num_kv_heads),
-                                  w(p + "self_attn.v_proj.weight")]),
-                "qkv_bias": torch.cat(bias).to(device, dtype) if all(b is not None for b in bias) else None,
-                "o": w(p + "self_attn.o_proj.weight"),
-                "mlp_norm": w(p + "post_attention_layernorm.weight"),
-                "gate_up": torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
-                "down": w(p + "mlp.down_proj.weight"),
-            })
+                qkv_bias = torch.cat([_interleave(bias[0], cfg.num_heads), _interleave(bias[1], cfg.num_kv_heads),
+                                      bias[2]]).to(device, dtype)
+            qkv = torch.cat([_interleave(weights[p + "self_attn.q_proj.weight"], cfg.num_heads),
+                             _interleave(weights[p + "self_attn.k_proj.weight"], cfg.num_kv_heads),
+                             weights[p + "self_attn.v_proj.weight"]])
+            gate_up = torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
+            self.layers.append(LayerWeights(
+                attn_norm=w(p + "input_layernorm.weight"),
+                qkv=lin(qkv, qkv_bias),
+                o=lin(weights[p + "self_attn.o_proj.weight"]),
+                mlp_norm=w(p + "post_attention_layernorm.weight"),
+                gate_up=lin(gate_up),
+                down=lin(weights[p + "mlp.down_proj.weight"]),
+            ))
+            del qkv, gate_up
         positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, rope_inv_freq(cfg))  # [max_pos, d/2]
         # q/k rows are stored interleaved (see _interleave), so RoPE is one complex multiply.
         self.rope_table = torch.polar(torch.ones_like(freqs), freqs).to(device)  # complex64
 
     @classmethod
-    def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> LlamaModel:
+    def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
+                    quantization: str = "none") -> LlamaModel:
         cfg = LlamaConfig.from_folder(folder)
-        weights: dict[str, torch.Tensor] = {}
-        for path in sorted(folder.glob("*.safetensors")):
-            weights.update(load_file(str(path)))
-        if not weights:
+        paths = sorted(folder.glob("*.safetensors"))
+        if not paths:
             raise FileNotFoundError(f"no *.safetensors in {folder}")
-        return cls(cfg, weights, device, dtype)
+        return cls(cfg, SafetensorsWeights(paths), device, dtype, quantization)
 
+    def _weights(self) -> tuple[list[Linear], list[torch.Tensor]]:
+        """Distinct linear layers (a tied lm_head counts once) and the norm vectors."""
+        linears = {id(x): x for x in (self.embed, self.lm_head,
+                                      *(x for la in self.layers for x in (la.qkv, la.o, la.gate_up, la.down)))}
+        norms = [self.final_norm, *(t for la in self.layers for t in (la.attn_norm, la.mlp_norm))]
+        return list(linears.values()), norms
+
+    def weight_bytes(self) -> int:
+        """Bytes of distinct weights a decode step reads (the memory-bandwidth bound's numerator)."""
+        linears, norms = self._weights()
+        return sum(x.nbytes for x in linears) + sum(t.numel() * t.element_size() for t in norms)
+
+    def num_params(self) -> int:
+        linears, norms = self._weights()
+        return sum(x.weight.numel() for x in linears) + sum(t.numel() for t in norms)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -103,10 +159,10 @@ class LlamaModel(torch.nn.Module):
         q_size = h * d
         qk_size = (h + kvh) * d
         rope = self.rope_table[positions].unsqueeze(1)  # [T, 1, d/2] complex
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed.embed(input_ids, self.dtype)
         for li, layer in enumerate(self.layers):
-            hs = F.rms_norm(x, (cfg.hidden_size,), layer["attn_norm"], cfg.rms_norm_eps)
-            qkv = F.linear(hs, layer["qkv"], layer["qkv_bias"])
+            hs = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, cfg.rms_norm_eps)
+            qkv = layer.qkv(hs)
             # RoPE on q and k heads together, in place: they are adjacent in qkv.
             qk = qkv[:, :qk_size]
             rotated = torch.view_as_complex(qk.float().reshape(num_tokens, h + kvh, d // 2, 2)) * rope
@@ -115,12 +171,12 @@ class LlamaModel(torch.nn.Module):
             kv = qkv[:, q_size:].view(num_tokens, 2, kvh, d)  # the cache's slot layout
             cache.write(li, meta.slot_mapping, kv)
             attn = self._attention(li, q, kv, meta, cache)
-            x = x + F.linear(attn.reshape(num_tokens, q_size), layer["o"])
-            hs = F.rms_norm(x, (cfg.hidden_size,), layer["mlp_norm"], cfg.rms_norm_eps)
-            gate, up = F.linear(hs, layer["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer["down"])
+            x = x + layer.o(attn.reshape(num_tokens, q_size))
+            hs = F.rms_norm(x, (cfg.hidden_size,), layer.mlp_norm, cfg.rms_norm_eps)
+            gate, up = layer.gate_up(hs).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         x = F.rms_norm(x[logits_idx], (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return self.lm_head(x).float()
 
     def _attention(self, li: int, q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata,
                    cache: KVCache) -> torch.Tensor:

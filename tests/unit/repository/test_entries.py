@@ -61,6 +61,8 @@ def test_shipped_entries_are_valid() -> None:
 
 def test_valid_entry_and_paths(tmp_path: Path) -> None:
     entry = load_entry(write(tmp_path, valid_entry()))
+    assert entry.quantization == "none"
+    assert load_entry(write(tmp_path, valid_entry(quantization="int8"))).quantization == "int8"
     assert entry.local_path(tmp_path / "c") == model_cache_dir(tmp_path / "c", "tiny")
     assert not entry.is_present(tmp_path / "c")
 
@@ -74,6 +76,8 @@ def test_valid_entry_and_paths(tmp_path: Path) -> None:
         ({"max_model_len": 8192}, "max_model_len 8192 exceeds"),
         ({"dtype": "int4"}, "dtype"),
         ({"name": "Bad Name"}, "name"),
+        ({"quantization": "int4"}, "quantization"),
+        ({"kind": "embedding", "quantization": "int8"}, "applies to llm entries only"),
     ],
 )
 def test_invalid_top_level_fields(tmp_path: Path, changes: dict[str, Any], field: str) -> None:
