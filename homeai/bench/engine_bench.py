@@ -109,13 +109,8 @@ def measure_machine(probe_mb: int) -> dict[str, float]:
 
 
 def weight_stats(model: Any) -> tuple[int, int]:
-    """(bytes read per decode step, parameter count) of our model's distinct weight tensors."""
-    tensors = {id(model.embed): model.embed, id(model.lm_head): model.lm_head,
-               id(model.final_norm): model.final_norm}
-    for layer in model.layers:
-        tensors.update({id(t): t for t in layer.values() if t is not None})
-    return (sum(t.numel() * t.element_size() for t in tensors.values()),
-            sum(t.numel() for t in tensors.values()))
+    """(bytes read per decode step, parameter count) of our model's distinct weights, in their format."""
+    return model.weight_bytes(), model.num_params()
 
 
 # ---- the two contenders ------------------------------------------------------------------------------
