@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from homeai.metrics.recorder import MetricsRecorder
 from homeai.metrics.stats import build_stats
+from homeai.runtime.device import process_rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ def stats_document(state: State) -> dict[str, Any]:
     holder = state.get("policy_holder")
     doc = build_stats(_recorder(state), _snapshot(state), holder.current if holder is not None else None)
     doc["policy"] = policy_status(state)  # the TUI shows a refused policy file from here
+    gateway = state.get("gateway")
+    doc["memory"] = {"rss_mb": process_rss_mb(), "rss_at_ready_mb": getattr(gateway, "rss_at_ready_mb", None)}
     return doc
 
 

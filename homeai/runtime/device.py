@@ -32,3 +32,14 @@ def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(table)}")
     return table[name]
+
+
+def process_rss_mb() -> float:
+    """This process's resident memory now, in MB (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # KB on Linux
