@@ -24,7 +24,7 @@ from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
 from homeai.repository.entries import ModelEntry, load_entries
 from homeai.repository.pull import pull
-from homeai.runtime.device import choose_device
+from homeai.runtime.device import choose_device, process_rss_mb
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
 from homeai.scheduling.class_scheduler import ClassScheduler
@@ -66,6 +66,7 @@ class Gateway:
     embed_service: EmbedService | None = None
     loop: DeviceLoop | None = None
     started_s: float = 0.0
+    rss_at_ready_mb: float = 0.0  # resident memory once every model is loaded (reported in /v1/stats)
     meter: Meter = field(default_factory=Meter)  # every submission below is recorded here, once
 
     @property
@@ -101,6 +102,7 @@ class Gateway:
         self.policy_holder.subscribe(lambda p, _v: self.batcher.apply_policy(p) if self.batcher else None)
         self.loop.start()
         self.started_s = time.time()
+        self.rss_at_ready_mb = process_rss_mb()
 
     def shutdown(self) -> None:
         if self.loop is not None:
