@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from homeai.metrics.prefix import prefix_families
+
 # Seconds. TTFT spans a voice reply (tens of ms) to a queued background prompt (minutes).
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -89,3 +91,4 @@ class SnapshotCollector(Collector):
             batch_tokens.add_metric([model], float(d.get("last_batch_tokens", 0)))
             batch_seqs.add_metric([model], float(d.get("last_batch_seqs", 0)))
         yield from (kv, steps, preempt, batch_tokens, batch_seqs)
+        yield from prefix_families(snap)

@@ -6,7 +6,9 @@ Shape (times in ms, rates in tokens/s)::
      "classes": {name: {"kind", "priority", "background", "queued", "running", "depth_by_level",
                         "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "ttft_samples",
                         "itl_samples", "requests": {status: n}, "rejections": {reason: n},
-                        "targets": {"ttft_ms", "itl_ms"}}},
+                        "targets": {"ttft_ms", "itl_ms"},
+                        "prefix_cache": {"token_hit_rate", "request_hit_rate", "hit_tokens", "prompt_tokens",
+                                         "hit_requests", "requests"}}},
      "users": {name: {"tokens_per_s_10s", "tokens_per_s_60s", "prompt_tokens_per_s_60s",
                       "generated_tokens", "prompt_tokens", "fairness": {class: counter}}},
      "device": {model: {"kv_usage", "kv_blocks", "steps", "steps_per_s", "preemptions",
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from homeai.metrics.prefix import prefix_entry
 from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.schema import Policy
 
@@ -39,6 +42,7 @@ def build_stats(recorder: MetricsRecorder, snapshot: dict[str, Any] | None, poli
             **recorder.class_latency(name),
             "requests": recorder.requests_by_status(name),
             "rejections": recorder.rejections(name),
+            "prefix_cache": prefix_entry(snap, name),
         }
         cp = policy.classes.get(name) if policy else None
         if cp is not None:
