@@ -201,7 +201,10 @@ class Gateway:
             out["device"][name] = {"kv_usage": bm.usage, "kv_blocks": bm.num_blocks,
                                    "steps": engine.stats.num_steps, "preemptions": engine.stats.num_preemptions,
                                    "last_batch_tokens": engine.stats.last_batch_tokens,
-                                   "last_batch_seqs": engine.stats.last_batch_seqs}
+                                   "last_batch_seqs": engine.stats.last_batch_seqs,
+                                   "prefix_cached_blocks": bm.num_cached_blocks,
+                                   "prefix_evictions": bm.stats.num_evictions}
+            out.setdefault("prefix_cache", {}).update(bm.stats.snapshot())  # hit counters by class
             if isinstance(sched, ClassScheduler):
                 out["classes"].update(sched.class_stats())
         if self.batcher is not None:
