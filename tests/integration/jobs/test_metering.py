@@ -8,6 +8,7 @@ The server is the session's jobs server, so counts are taken as differences arou
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -74,6 +75,12 @@ def test_an_indexing_job_is_metered_in_stats_metrics_and_the_request_log(
     assert stats["users"]["indexer"]["prompt_tokens"] > 0
     recent = [r for r in stats["recent"] if r["class_name"] == "indexing"]
     assert recent and all(r["user"] == "indexer" and r["kind"] == "embedding" for r in recent)
+
+    event = http.get("/v1/stats/stream", params={"count": 1})  # what the TUI draws
+    data = next(line[len("data:"):] for line in event.text.splitlines() if line.startswith("data:"))
+    streamed = json.loads(data)
+    assert streamed["classes"]["indexing"]["requests"]["ok"] == after["ok"]
+    assert streamed["users"]["indexer"]["prompt_tokens"] == stats["users"]["indexer"]["prompt_tokens"]
 
     metrics = http.get("/metrics").text
     assert metric(metrics, "homeai_requests_total", class_name="indexing", status="ok") == after["ok"]
