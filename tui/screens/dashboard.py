@@ -1,8 +1,9 @@
 """Dashboard: is voice snappy, who is using the GPU, how full is the device — at a glance.
 
 Sections top to bottom: classes (queue, running, TTFT/ITL p50/p99 coloured against the class targets,
-rejections), live TTFT charts for the two interactive classes, people (tokens/s with a sparkline and the
-fairness counter), the device (KV bar, steps/s, batch). Fits 80x24; scrolls when there is more.
+prefix-cache hit rate in tokens/requests, rejections), live TTFT charts for the two interactive classes,
+people (tokens/s with a sparkline and the fairness counter), the device (KV bar, steps/s, batch). Fits
+80x24; scrolls when there is more.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tui.history import StatsHistory
 from tui.widgets import LatencyChart, StatusLine
 
 CLASS_COLUMNS = (("class", "class"), ("queue", "queued"), ("run", "running"), ("TTFT p50/99", "ttft"),
-                 ("ITL p50/99", "itl"), ("target", "target"), ("ok", "ok"), ("rej", "rej"))
+                 ("ITL p50/99", "itl"), ("target", "target"), ("hit %", "hit"), ("ok", "ok"), ("rej", "rej"))
 CHART_SPAN_S = 180.0
 PEOPLE_SPAN_S = 120.0
 
@@ -31,6 +32,15 @@ def chart_classes(classes: dict[str, dict[str, Any]]) -> list[str]:
     rest = sorted((c for c, e in classes.items() if c not in preferred and e.get("kind", "llm") == "llm"
                    and not e.get("background")), key=lambda c: (classes[c].get("priority", 99), c))
     return (preferred + rest)[:2]
+
+
+def hit_cell(entry: dict[str, Any]) -> Text:
+    """Prefix-cache hit rate since start: share of prompt tokens / of requests served from the cache."""
+    prefix = entry.get("prefix_cache") or {}
+    if not prefix.get("requests"):
+        return Text("–", DIM, justify="right")
+    tokens, requests = float(prefix.get("token_hit_rate", 0.0)), float(prefix.get("request_hit_rate", 0.0))
+    return Text(f"{100 * tokens:.0f}/{100 * requests:.0f}", style="" if tokens else DIM, justify="right")
 
 
 def class_cells(entry: dict[str, Any]) -> dict[str, Text | str]:
@@ -46,6 +56,7 @@ def class_cells(entry: dict[str, Any]) -> dict[str, Text | str]:
         "ttft": pair(entry.get("ttft_p50_ms"), entry.get("ttft_p99_ms"), ttft_t),
         "itl": pair(entry.get("itl_p50_ms"), entry.get("itl_p99_ms"), itl_t) if is_llm else Text("–", DIM),
         "target": Text(target, style=DIM),
+        "hit": hit_cell(entry) if is_llm else Text("–", DIM, justify="right"),
         "ok": Text(str((entry.get("requests") or {}).get("ok", 0)), justify="right"),
         "rej": Text(str(rejected), style=BAD if rejected else DIM, justify="right"),
     }
