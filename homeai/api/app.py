@@ -22,6 +22,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from homeai.api.admin_routes import admin_router
 from homeai.api.auth import authenticate
 from homeai.api.background import background_lifespan
+from homeai.api.collections_routes import collections_router
 from homeai.api.drain import Drain, end_open_generations, refuse_while_draining
 from homeai.api.errors import exception_handler
 from homeai.api.jobs_routes import jobs_router
@@ -111,7 +112,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
     policy_path = settings.prepare_data_dir()
     holder, refusal = startup_holder(policy_path)
     handlers: list[Any] = [OpenAIController, ResponsesController, OllamaController, ollama_root, ollama_root_head,
-                           admin_router, observability_router, jobs_router]
+                           admin_router, observability_router, jobs_router,
+                           collections_router]
     return Litestar(
         route_handlers=handlers,
         exception_handlers={Exception: exception_handler},

@@ -11,7 +11,8 @@
 
 Jobs read folders on the server, so they need an admin caller (any caller on loopback without keys),
 and an index job's folder must lie inside one of Settings.job_roots (HOMEAI_JOB_ROOTS) when those are set;
-search needs any authenticated caller. The query is embedded in the interactive embedding class.
+search needs a caller who may search the collection (its owner, a listed reader, an admin: see
+collections_routes). The query is embedded in the interactive embedding class.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from litestar import Request, Router, delete, get, post
 from litestar.params import FromPath, JSONBody
 
 from homeai.api.auth import require_admin, resolve_caller
+from homeai.api.collections_routes import searchable
 from homeai.api.errors import BadRequest, NotFound, ServiceUnavailable
 from homeai.api.jobs_schemas import (
     JobCreate,
@@ -80,6 +82,8 @@ async def create_job(request: Request[Any, Any, Any], data: JSONBody[JobCreate])
     spec = job_spec(data, {name for name, c in policy.classes.items() if c.kind == "llm"},
                     request.app.state.settings.job_roots)
     caller = await resolve_caller(request)
+    if data.kind == "index":  # the collection belongs to whoever asked for it first (see collections_routes)
+        await manager.store.collections.ensure(spec["collection"], owner=caller.user)
     job = await manager.add(data.kind, spec, data.schedule, caller.user)
     return await job_view(manager, await _job(manager, job.id))
 
@@ -135,9 +139,7 @@ async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest])
     index: SearchIndex | None = request.app.state.get("search")
     if index is None:
         raise ServiceUnavailable("search is not available (no store, or still starting)")
-    collection_id = await index.collections.find(data.collection.strip())
-    if collection_id is None:
-        raise NotFound(f"no collection named {data.collection!r}", param="collection")
+    collection_id = (await searchable(request, data.collection.strip())).id  # 404, or 403 if not shared
     gateway = gateway_of(request)
     ctx = await request_context(request)
     ctx.class_name = _search_class(gateway, ctx.class_name)

@@ -139,7 +139,7 @@ class Indexer:
                  ) -> _Pending | None:
         """Worker thread: read, hash, and (when the content is new) parse and chunk one file."""
         try:
-            data = file.path.read_bytes()
+            data = file.read()  # never through a link that now points outside the folder
         except OSError as e:
             return _Pending(file, "", 0, [], f"cannot read: {e}")
         sha = diff_file(file, stored, data)
@@ -198,7 +198,7 @@ class Indexer:
     def _reload(self, item: _Pending, size: int, overlap: int) -> None:
         """Worker thread: read a file again whose chunks were not kept (its content may have changed)."""
         try:
-            data = item.file.path.read_bytes()
+            data = item.file.read()
         except OSError as e:
             item.chunks, item.error = [], f"cannot read: {e}"
             return

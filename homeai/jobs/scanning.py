@@ -5,6 +5,7 @@ documents already committed to the collection (new, changed, unchanged, deleted)
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -13,12 +14,21 @@ from pathlib import Path
 from homeai.jobs.parsing import is_supported
 from homeai.store.collections import StoredDocument
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class FoundFile:
     path: Path  # absolute
     mtime: float
     size: int
+    real_root: Path | None = None  # the job's folder, symbolic links resolved: reads stay below it
+
+    def read(self) -> bytes:
+        """The file's bytes, checked again at read time (a link may have been swapped since the scan)."""
+        if self.real_root is not None and not stays_inside(self.path, self.real_root):
+            raise PermissionError(f"{self.path} links outside the job's folder")
+        return self.path.read_bytes()
 
 
 @dataclass(slots=True)
@@ -34,21 +44,35 @@ def sha256_bytes(data: bytes) -> str:
 
 def scan_folder(root: Path) -> list[FoundFile]:
     """Supported files under ``root`` (recursive, sorted by path); hidden files and folders are skipped,
-    symbolic links to folders are not followed."""
+    symbolic links to folders are not followed, and a file whose real path lies outside ``root`` (a
+    symbolic link to ``/etc/passwd``, say) is skipped: an index job reads its folder and nothing else,
+    or any key could search what the link points at."""
     found: list[FoundFile] = []
+    real_root = root.resolve()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             path = Path(dirpath) / name
             if name.startswith(".") or not is_supported(path):
                 continue
+            if not stays_inside(path, real_root):
+                log.warning("not indexing %s: it links outside the job's folder %s", path, root)
+                continue
             try:
                 stat = path.stat()
             except OSError:  # vanished or unreadable meanwhile
                 continue
             if path.is_file():
-                found.append(FoundFile(path, stat.st_mtime, stat.st_size))
+                found.append(FoundFile(path, stat.st_mtime, stat.st_size, real_root))
     return sorted(found, key=lambda f: str(f.path))
+
+
+def stays_inside(path: Path, real_root: Path) -> bool:
+    """Whether ``path``, every symbolic link followed, is ``real_root`` or below it."""
+    try:
+        return path.resolve(strict=True).is_relative_to(real_root)
+    except (OSError, RuntimeError):  # a dangling link or a loop: nothing to read
+        return False
 
 
 def is_under(path: str, root: Path) -> bool:

@@ -2,6 +2,10 @@
 
 Every change to a collection (a document committed or removed) bumps its ``version`` in the same
 transaction, so a reader that cached the collection's vectors knows when to load them again.
+
+Who may search a collection: its owner (the user whose job built it), the users in its readers list
+(``*``: anyone with a key), and admins. A collection made before owners existed has none: admins only,
+until an admin shares it. ``CollectionAccess.may_search`` is the one place that decides.
 """
 
 from __future__ import annotations
@@ -15,7 +19,22 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from homeai.store.tables import ChunkRow, CollectionRow, DocumentRow, JobRow, utcnow
+from homeai.store.tables import ChunkRow, CollectionReaderRow, CollectionRow, DocumentRow, JobRow, utcnow
+
+EVERYONE = "*"  # in a readers list: every authenticated caller may search
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionAccess:
+    """A collection's name, owner and readers: what a search checks before it reads any vector."""
+
+    id: int
+    name: str
+    owner: str | None
+    readers: tuple[str, ...]
+
+    def may_search(self, user: str, is_admin: bool) -> bool:
+        return is_admin or user == self.owner or user in self.readers or EVERYONE in self.readers
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +71,16 @@ class Collections:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
-    async def ensure(self, name: str) -> int:
-        """The id of collection ``name``, created if missing (safe against a concurrent create)."""
+    async def ensure(self, name: str, owner: str | None = None) -> int:
+        """The id of collection ``name``, created if missing (safe against a concurrent create) and
+        then owned by ``owner``; an existing collection keeps its owner."""
         for _ in range(2):
             found = await self.find(name)
             if found is not None:
                 return found
             try:
                 async with self._sessions.begin() as session:
-                    row = CollectionRow(name=name, version=0, created_at=utcnow())
+                    row = CollectionRow(name=name, version=0, created_at=utcnow(), owner=owner)
                     session.add(row)
                     await session.flush()
                     return row.id
@@ -71,6 +91,41 @@ class Collections:
     async def find(self, name: str) -> int | None:
         async with self._sessions() as session:
             return await session.scalar(select(CollectionRow.id).where(CollectionRow.name == name))
+
+    async def access(self, name: str) -> CollectionAccess | None:
+        """Owner and readers of collection ``name`` (None if there is none)."""
+        async with self._sessions() as session:
+            row = await session.scalar(select(CollectionRow).where(CollectionRow.name == name))
+            if row is None:
+                return None
+            readers = await session.scalars(select(CollectionReaderRow.user)
+                                            .where(CollectionReaderRow.collection_id == row.id)
+                                            .order_by(CollectionReaderRow.user))
+            return CollectionAccess(row.id, row.name, row.owner, tuple(readers))
+
+    async def all_access(self) -> list[CollectionAccess]:
+        """Every collection with its owner and readers, by name."""
+        async with self._sessions() as session:
+            rows = list(await session.scalars(select(CollectionRow).order_by(CollectionRow.name)))
+            pairs = (await session.execute(select(CollectionReaderRow.collection_id, CollectionReaderRow.user)
+                                           .order_by(CollectionReaderRow.user))).all()
+        readers: dict[int, list[str]] = {}
+        for cid, user in pairs:
+            readers.setdefault(cid, []).append(user)
+        return [CollectionAccess(r.id, r.name, r.owner, tuple(readers.get(r.id, []))) for r in rows]
+
+    async def set_readers(self, collection_id: int, users: Sequence[str]) -> None:
+        """Replace the users (besides the owner and admins) who may search the collection."""
+        async with self._sessions.begin() as session:
+            await session.execute(delete(CollectionReaderRow).where(CollectionReaderRow.collection_id == collection_id))
+            unique = sorted(set(users))
+            if unique:
+                await session.execute(insert(CollectionReaderRow), [
+                    {"collection_id": collection_id, "user": user} for user in unique])
+
+    async def set_owner(self, collection_id: int, owner: str | None) -> None:
+        async with self._sessions.begin() as session:
+            await session.execute(update(CollectionRow).where(CollectionRow.id == collection_id).values(owner=owner))
 
     async def version(self, collection_id: int) -> int:
         async with self._sessions() as session:

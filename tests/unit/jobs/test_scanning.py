@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from homeai.jobs.scanning import deleted_paths, diff_folder, is_under, scan_folder, sha256_bytes
 from homeai.store.collections import StoredDocument
 
@@ -52,3 +54,25 @@ def test_is_under_needs_a_separator() -> None:
     assert is_under("/data/docs/a.txt", root) and is_under("/data/docs/x/y.md", root)
     assert not is_under("/data/docs2/a.txt", root) and not is_under("/data/doc", root)
     assert deleted_paths(["/data/docs/a", "/data/docs2/b"], root, set()) == ["/data/docs/a"]
+
+
+def test_links_out_of_the_folder_are_never_followed(tmp_path: Path) -> None:
+    """Issue 10 item 7: a file link pointing outside the indexed folder was indexed and searchable."""
+    root, outside = tmp_path / "docs", tmp_path / "system"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "passwd.txt").write_text("root:x:0:0")
+    (outside / "dir").mkdir()
+    (outside / "dir" / "inner.txt").write_text("secret")
+    (root / "own.txt").write_text("mine")
+    (root / "leak.txt").symlink_to(outside / "passwd.txt")
+    (root / "alias.txt").symlink_to(root / "own.txt")  # a link that stays inside is fine
+    (root / "linked_dir").symlink_to(outside / "dir", target_is_directory=True)
+    (root / "dangling.txt").symlink_to(tmp_path / "nowhere.txt")
+    files = scan_folder(root)
+    assert [f.path.name for f in files] == ["alias.txt", "own.txt"]
+    assert files[1].read() == b"mine"
+    (root / "own.txt").unlink()  # swapped for a link after the scan: the read refuses it
+    (root / "own.txt").symlink_to(outside / "passwd.txt")
+    with pytest.raises(PermissionError):
+        files[1].read()

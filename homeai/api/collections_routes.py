@@ -1,0 +1,87 @@
+"""Who may search which collection.
+
+    GET /v1/collections                  the collections the caller may search: name, owner, readers
+    PUT /v1/collections/{name}/readers   {"users": ["alice", "*"]}: who else may search (owner or admin)
+
+A collection belongs to the user whose index job built it (``POST /v1/jobs`` records the owner); its
+owner, the users it lists (``*``: anyone with a key) and admins may search it. Without keys on
+loopback everyone is an admin, so a household that set up nothing sees no difference.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Request, Router, get, put
+from litestar.params import FromPath, JSONBody
+
+from homeai.api.auth import Caller, resolve_caller
+from homeai.api.errors import ApiError, NotFound, ServiceUnavailable
+from homeai.store.collections import CollectionAccess, Collections
+
+UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class ReadersUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    users: Annotated[list[UserName], msgspec.Meta(max_length=256)]
+
+
+class CollectionView(msgspec.Struct):
+    name: str
+    owner: str | None
+    readers: list[str]
+
+
+class CollectionList(msgspec.Struct):
+    collections: list[CollectionView]
+
+
+def _collections(request: Request[Any, Any, Any]) -> Collections:
+    store = request.app.state.get("store")
+    if store is None:
+        raise ServiceUnavailable("collections are not available (no store, or still starting)")
+    return store.collections  # type: ignore[no-any-return]
+
+
+def _view(access: CollectionAccess) -> CollectionView:
+    return CollectionView(access.name, access.owner, list(access.readers))
+
+
+async def searchable(request: Request[Any, Any, Any], name: str) -> CollectionAccess:
+    """The collection ``name`` if the caller may search it: 404 if there is none, else 403."""
+    access = await _collections(request).access(name)
+    if access is None:
+        raise NotFound(f"no collection named {name!r}", param="collection")
+    caller: Caller = await resolve_caller(request)
+    if not access.may_search(caller.user, caller.is_admin):
+        raise ApiError(f"user {caller.user!r} may not search collection {name!r} (ask its owner or an admin)",
+                       status_code=403, param="collection")
+    return access
+
+
+@get("/collections", summary="The collections the caller may search")
+async def list_collections(request: Request[Any, Any, Any]) -> CollectionList:
+    caller = await resolve_caller(request)
+    every = await _collections(request).all_access()
+    return CollectionList([_view(a) for a in every if a.may_search(caller.user, caller.is_admin)])
+
+
+@put("/collections/{name:str}/readers", status_code=200, summary="Set who else may search a collection")
+async def set_readers(request: Request[Any, Any, Any], name: FromPath[str],
+                      data: JSONBody[ReadersUpdate]) -> CollectionView:
+    collections = _collections(request)
+    access = await collections.access(name)
+    if access is None:
+        raise NotFound(f"no collection named {name!r}", param="name")
+    caller = await resolve_caller(request)
+    if not (caller.is_admin or caller.user == access.owner):
+        raise ApiError(f"only the owner of {name!r} or an admin may change who searches it", status_code=403)
+    users = [u.strip() for u in data.users if u.strip()]
+    await collections.set_readers(access.id, users)
+    updated = await collections.access(name)
+    assert updated is not None
+    return _view(updated)
+
+
+collections_router = Router(path="/v1", route_handlers=[list_collections, set_readers], tags=["jobs"])
