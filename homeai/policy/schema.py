@@ -106,6 +106,11 @@ class ClassPolicy(_Strict):
             if not 1 <= level <= self.priority_levels:
                 msg = f"level {level} is outside 1..priority_levels ({self.priority_levels})"
                 problems.append((("priority_queue_policy", level), msg, level))
+        if self.kind == "llm" and self.preferred_batch_size:
+            msg = ("only for embedding classes: an LLM class batches in flight, admitting each request "
+                   "into the running step as it comes, so there is no batch of a preferred size to wait "
+                   "for (max_batch_size and the delay window are what group its new prompts)")
+            problems.append((("preferred_batch_size",), msg, self.preferred_batch_size))
         if self.kind == "embedding":
             for key in ("max_running", "max_output_tokens"):
                 if getattr(self, key) is not None:

@@ -3,8 +3,11 @@
 Order of preference:
 1. an interactive embedding class whose Triton batch is ready runs between LLM steps at once
    (alternating with LLM steps so neither starves the other);
-2. a background class below its ``min_share`` of device time (measured over a sliding window) runs
-   a batch even if its delay window has not closed, so it is never starved;
+2. a background class owed its ``min_share`` runs a batch even if its delay window has not closed, so
+   it is never starved. The share is a rate (``share_bucket``): credit refills at min_share device
+   seconds per second while the class is backlogged and is capped, so a class that starts late (or
+   at a cold start) is owed nothing yet and never repays a "debt" in back-to-back batches; a forced
+   batch is cut to the running interactive sequences' ITL slack;
 3. LLM work that is new to admit (a prefill whose delay window is open) runs first: TTFT matters;
 4. a background embedding batch runs while the running interactive sequences have slack against
    their inter-token-latency targets (time since the last LLM step + the batch's expected cost stays
@@ -22,12 +25,16 @@ from dataclasses import dataclass
 from homeai.policy.schema import Policy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
+from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
+from homeai.scheduling.share_bucket import ShareBucket
+from homeai.scheduling.step_budget import ITL_STEP_FRACTION
 
 SHARE_WINDOW_S = 5.0
 INTERACTIVE_HORIZON_S = 10.0
-BACKGROUND_BATCH_TTFT_FRACTION = 0.15  # a background batch may cost this much of the tightest TTFT target
+BACKGROUND_BATCH_TTFT_FRACTION = 0.05  # a background batch may cost this much of the tightest TTFT target
 ITL_SLACK_FRACTION = 0.95  # use at most this much of the tightest ITL target for background batches
+SHARE_BURST_S = 1.0  # a background class's share credit holds at most this long at its share's rate
 
 
 @dataclass(slots=True)
@@ -54,6 +61,9 @@ class Batcher:
         self._per_item_s: dict[str, float] = {}  # EWMA of a batch's duration per input, per class
         self._last_interactive_embed_s = float("-inf")
         self._expired: list[tuple[str, QueuedItem]] = []  # timed out while pushing, not yet reported
+        self._shares: dict[str, ShareBucket] = {}  # min_share credit of background classes, in seconds
+        self._shares_at_s: float | None = None  # when the credits were last refilled
+        self._forced: str | None = None  # the class whose batch is out on its share
         self.apply_policy(policy)
 
     def apply_policy(self, policy: Policy) -> None:
@@ -62,10 +72,13 @@ class Batcher:
             for name, cp in policy.classes.items():
                 if cp.kind != "embedding":
                     continue
-                if name in self.embed_queues:
-                    self.embed_queues[name].set_policy(cp)
-                else:
-                    self.embed_queues[name] = ClassQueue(name, cp)
+                queue = self.embed_queues.get(name)
+                if queue is not None:
+                    queue.set_policy(cp)
+                    if queue.fairness is not None:
+                        queue.fairness.apply_policy(policy, name)
+                else:  # per-user fairness inside an embedding class, as in LLM classes (finding 7)
+                    self.embed_queues[name] = ClassQueue(name, cp, VirtualTokenCounter.from_policy(policy, name))
         if self.llm is not None:
             self.llm.apply_policy(policy)
 
@@ -105,9 +118,10 @@ class Batcher:
             interactive, background = self._ready_embedding(now)
             if interactive and not (self._last_was_embed and llm_has_work):
                 return self._take(interactive[0], now)
-            for cp_name in self._starved_background():
+            for cp_name in self._starved_background(now):
                 work = self._take(cp_name, now, force=True)
                 if work is not None:
+                    self._forced = cp_name
                     return work
             if llm_has_work and self.llm is not None and self.llm.interactive_admission_ready(now):
                 return LLM_STEP
@@ -130,6 +144,8 @@ class Batcher:
     def _take(self, name: str, now: float, force: bool = False) -> EmbedWork | None:
         q = self.embed_queues[name]
         cap = self._background_cap(q, now)
+        if force:
+            cap = min(cap or q.policy.max_batch_size, self._slack_items(q, now))
         items = q.form_batch(now, cap, force=force or cap is not None)
         if not items:
             return None
@@ -152,16 +168,34 @@ class Batcher:
         budget_s = BACKGROUND_BATCH_TTFT_FRACTION * min(targets)
         return max(1, min(q.policy.max_batch_size, int(budget_s / self._per_item_s[q.name])))
 
-    def _starved_background(self) -> list[str]:
-        total = sum(d for _, d, _ in self._busy)
+    def _starved_background(self, now: float) -> list[str]:
+        """Background classes whose share credit covers their next batch (see the module docstring)."""
+        elapsed = 0.0 if self._shares_at_s is None else max(0.0, now - self._shares_at_s)
+        self._shares_at_s = now
         out = []
         for name, q in self.embed_queues.items():
             cp = q.policy
-            if cp.background and cp.min_share > 0 and len(q) and total > 0:
-                mine = sum(d for _, d, c in self._busy if c == name)
-                if mine / total < cp.min_share:
-                    out.append(name)
+            if not cp.background or cp.min_share <= 0:
+                self._shares.pop(name, None)
+                continue
+            bucket = self._shares.setdefault(name, ShareBucket(cp.min_share, 0.0))
+            bucket.share = cp.min_share
+            bucket.set_capacity(cp.min_share * SHARE_BURST_S)
+            bucket.refill(elapsed, backlogged=len(q) > 0)
+            if len(q) and bucket.owed:  # the batch may overdraw: the credit then refills from below 0
+                out.append(name)
         return out
+
+    def _slack_items(self, q: ClassQueue, now: float) -> int:
+        """Inputs of a forced background batch that fit before the running interactive sequences' next
+        token is due (at least one: the share must buy progress)."""
+        itl_targets = self._running_itl_targets_s()
+        per_item = self._per_item_s.get(q.name)
+        if not itl_targets or not per_item:
+            return q.policy.max_batch_size
+        slack_s = ITL_SLACK_FRACTION * min(itl_targets) - (now - self._last_llm_end_s) \
+            - self._next_llm_step_s(itl_targets)
+        return max(1, min(q.policy.max_batch_size, int(slack_s / per_item)))
 
     def _has_slack(self, name: str, now: float) -> bool:
         """True when no interactive sequence runs, or a batch fits in the tightest ITL target's slack.
@@ -172,8 +206,13 @@ class Batcher:
         itl_targets = self._running_itl_targets_s()
         if not itl_targets:
             return True
-        cost = self._cost_s.get(name, 0.0) + self._cost_s.get(LLM_STEP, 0.0)  # the next token needs a step too
+        cost = self._cost_s.get(name, 0.0) + self._next_llm_step_s(itl_targets)  # the next token needs a step
         return (now - self._last_llm_end_s) + cost <= ITL_SLACK_FRACTION * min(itl_targets)
+
+    def _next_llm_step_s(self, itl_targets: list[float]) -> float:
+        """What the next LLM step may cost: the planner sizes steps up to ITL_STEP_FRACTION of the
+        tightest ITL target, and a step with a new prompt chunk is that long, not the average."""
+        return max(self._cost_s.get(LLM_STEP, 0.0), ITL_STEP_FRACTION * min(itl_targets))
 
     def _running_itl_targets_s(self) -> list[float]:
         return self.llm.running_itl_targets_s() if self.llm is not None else []
@@ -188,6 +227,10 @@ class Batcher:
                 self._busy.popleft()
             prev = self._cost_s.get(what)
             self._cost_s[what] = duration if prev is None else 0.8 * prev + 0.2 * duration
+            bucket = self._shares.get(what)
+            if bucket is not None:  # every batch counts against the share, forced or on idle capacity
+                bucket.charge(duration, forced=self._forced == what)
+            self._forced = None
             if what == LLM_STEP:
                 self._last_llm_end_s = end_s
                 self._last_was_embed = False

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
 from homeai.policy.schema import ClassPolicy, QueuePolicy
+from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.level_queue import GONE, QUEUED, LevelQueue, QueuedItem
 
 __all__ = ["ClassQueue", "QueueFullError", "QueuedItem", "effective_timeout_us"]
@@ -61,8 +62,10 @@ def effective_timeout_us(qp: QueuePolicy, override_us: int | None) -> int:
 class ClassQueue:
     """The queue of one workload class (see the module docstring for the semantics)."""
 
-    def __init__(self, name: str, policy: ClassPolicy) -> None:
+    def __init__(self, name: str, policy: ClassPolicy, fairness: VirtualTokenCounter | None = None) -> None:
         self.name = name
+        # Embedding classes: batches form in VTC order across users (LLM classes pick per admission).
+        self.fairness = fairness
         self._levels: dict[int, LevelQueue] = {}
         self._by_id: dict[str, QueuedItem] = {}
         self._deadlines: list[tuple[float, int, int, QueuedItem]] = []  # (deadline, tie, gen, item)
@@ -98,6 +101,8 @@ class ClassQueue:
         item.priority_level, item.arrival_s, item.seq = no, now, next(self._seq)
         timeout_us = effective_timeout_us(qp, item.timeout_override_us)
         item.deadline_s = now + timeout_us / 1e6 if timeout_us else None
+        if self.fairness is not None and self.num_queued_for(item.user) == 0:
+            self.fairness.on_backlogged(item.user, self.users_queued())
         self._insert(item, front=False)
 
     def requeue_front(self, item: QueuedItem) -> None:
@@ -189,6 +194,11 @@ class ClassQueue:
         for item in batch:
             self._drop(item)
             self._departures.append(now)
+        if self.fairness is not None:
+            for item in batch:
+                self.fairness.charge(item.user, item.cost, 0)
+            for user in {item.user for item in batch} - self.users_queued():
+                self.fairness.on_drained(user)
         return batch
 
     def _cap(self, max_size: int | None) -> int:
@@ -196,17 +206,44 @@ class ClassQueue:
         return mbs if max_size is None else max(1, min(max_size, mbs))
 
     def _candidates(self, cap: int) -> list[QueuedItem]:
-        return list(itertools.islice(iter(self), cap))
+        """The next batch's inputs: queue order, or with ``fairness`` set, counter order across users
+        (level by level, unexpired before delayed), each pick charging the user's counter as it goes
+        so that one user's flood cannot push another's single query back by whole batches."""
+        fair = self.fairness
+        if fair is None:
+            return list(itertools.islice(iter(self), cap))
+        out: list[QueuedItem] = []
+        counters: dict[str, float] = {}
+        for level in self._levels.values():
+            for delayed in (False, True):
+                lines = level.user_lines(delayed)
+                pos = dict.fromkeys(lines, 0)
+                while len(out) < cap and pos:
+                    for user in pos:
+                        counters.setdefault(user, fair.counter(user))
+                    user = min(pos, key=lambda u: (counters[u], lines[u][pos[u]].seq))
+                    item = lines[user][pos[user]]
+                    out.append(item)
+                    counters[user] += fair.cost(item.cost, 0) / fair.weight(user)
+                    pos[user] += 1
+                    if pos[user] == len(lines[user]):
+                        del pos[user]
+        return out
 
     def _fire_size(self, cands: Sequence[QueuedItem], cap: int, now: float) -> int:
+        """Triton: the largest preferred size that can be formed goes at once (all up to the cap when
+        none is preferred); once the oldest has waited the delay window, everything pending goes, up
+        to the cap, never trimmed to a preferred size."""
         n = len(cands)
+        if n == 0:
+            return 0
+        oldest = min(item.arrival_s for item in cands)
+        if now + _EPS_S >= oldest + self._policy.max_queue_delay_s:
+            return n
         fits = [p for p in self._policy.preferred_batch_size if p <= n]
         if fits:
             return max(fits)
-        if n == 0 or n >= cap:
-            return n
-        oldest = min(item.arrival_s for item in cands)
-        return n if now + _EPS_S >= oldest + self._policy.max_queue_delay_s else 0
+        return n if n >= cap else 0
 
     def next_ready_at(self, now: float, max_size: int | None = None) -> float | None:
         """When ``form_batch`` (embedding) or admission (LLM) would go: ``now`` if ready, else the end
@@ -249,7 +286,7 @@ class ClassQueue:
             if pick_user is None:
                 item = level.head()
             else:
-                users = level.users_by_head()
+                users = level.users_by_head(unexpired_first=True)
                 if not users:
                     continue
                 user = pick_user(users)

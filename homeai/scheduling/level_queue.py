@@ -101,14 +101,24 @@ class LevelQueue:
             return self._line_head(self.main) or self._line_head(self.delayed)
         return self._line_head(self.user_main.get(user)) or self._line_head(self.user_delayed.get(user))
 
-    def users_by_head(self) -> list[str]:
-        """Users with requests here, ordered by their head request (unexpired heads first)."""
+    def users_by_head(self, unexpired_first: bool = False) -> list[str]:
+        """Users with requests here, ordered by their head request (unexpired heads first). With
+        ``unexpired_first``, only the users with an unexpired request when there are any: a DELAYed
+        request goes behind every unexpired one of its level, whoever's it is."""
         heads = []
         for user in list(self.user_live):
             item = self.head(user)
             if item is not None:
                 heads.append((item.state, item.seq, user))
+        if unexpired_first and any(state == QUEUED for state, _, _ in heads):
+            heads = [h for h in heads if h[0] == QUEUED]
         return [user for _, _, user in sorted(heads)]
+
+    def user_lines(self, delayed: bool) -> dict[str, list[QueuedItem]]:
+        """Each user's current requests in one line (unexpired or delayed), in arrival order (a query)."""
+        by_user = self.user_delayed if delayed else self.user_main
+        lines = {user: [e[1] for e in dq if self.is_current(e)] for user, dq in by_user.items()}
+        return {user: items for user, items in lines.items() if items}
 
     def oldest_arrival_s(self) -> float | None:
         """Earliest arrival among the live requests (the heads of the two lines)."""

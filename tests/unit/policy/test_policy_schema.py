@@ -18,7 +18,6 @@ classes:
     model: smollm2-135m-instruct
     priority: 0
     max_batch_size: 8
-    preferred_batch_size: [4, 8]
     priority_levels: 2
     default_queue_policy:
       max_queue_size: 16
@@ -70,7 +69,7 @@ def test_error_message_names_file_key_path_line_and_problem() -> None:
         parse_policy(BASE.replace("max_queue_size: 16", "max_queue_size: -1"), source="home.yaml")
     text = str(info.value)
     assert "home.yaml" in text
-    assert "home.yaml:10: classes.voice.default_queue_policy.max_queue_size: " in text
+    assert "home.yaml:9: classes.voice.default_queue_policy.max_queue_size: " in text
     assert "greater than or equal to 0" in text and "(got -1)" in text
 
 
@@ -94,7 +93,8 @@ def test_bad_values_are_reported_at_their_key_path(old: str, new: str, path: str
 
 def test_cross_field_rules_name_the_offending_key() -> None:
     text = (
-        BASE.replace("[4, 8]", "[4, 16]")
+        BASE.replace("kind: llm", "kind: embedding")
+        .replace("max_batch_size: 8", "max_batch_size: 8\n    preferred_batch_size: [4, 16]")
         .replace("priority_levels: 2", "priority_levels: 2\n    default_priority_level: 3")
     )
     errs = errors_of(text)
@@ -130,6 +130,14 @@ def test_global_and_class_kind_rules() -> None:
     assert "not both" in errs["scheduler.kv_cache_mb"]
     emb = BASE.replace("kind: llm", "kind: embedding").replace("priority: 0", "max_running: 4")
     assert errors_of(emb)["classes.voice.max_running"] == "only for llm classes"
+
+
+def test_preferred_batch_size_on_an_llm_class_is_refused_with_the_reason() -> None:
+    """It used to be accepted and silently ignored (issue 9, finding 10)."""
+    errs = errors_of(BASE.replace("max_batch_size: 8", "max_batch_size: 8\n    preferred_batch_size: [4, 8]"))
+    msg = errs["classes.voice.preferred_batch_size"]
+    assert msg.startswith("only for embedding classes") and "in flight" in msg
+    assert parse_policy(BASE, source="p.yaml").classes["voice"].preferred_batch_size == []
 
 
 def test_min_share_over_all_classes_must_not_exceed_one() -> None:

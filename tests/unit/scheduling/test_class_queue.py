@@ -9,6 +9,7 @@ import pytest
 from homeai.policy.schema import ClassPolicy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem, QueueFullError, effective_timeout_us
 from homeai.scheduling.clock import VirtualClock
+from homeai.scheduling.fairness import VirtualTokenCounter
 
 US = 1e-6
 SECOND = 1_000_000  # in microseconds
@@ -258,3 +259,57 @@ def test_many_cancellations_keep_memory_bounded() -> None:
     level = q._levels[1]
     assert len(q) == 100 and len(level.main) < 300 and sum(map(len, level.user_main.values())) < 300
     assert [i.request_id for i in q] == [f"r{i}" for i in range(900, 1000)]
+
+
+# ---- issue 9, findings 7, 9, 10 -------------------------------------------------------------------
+def test_after_the_delay_window_everything_pending_goes_up_to_max_batch_size() -> None:
+    """Triton: once the oldest has waited the window, all that is pending goes (up to the max), not a
+    batch trimmed to the largest preferred size that fits (before: 8 of the 10, then 2 more later)."""
+    clock, q = VirtualClock(), make_queue(max_batch_size=16, preferred_batch_size=[4, 8],
+                                          max_queue_delay_microseconds=2000)
+    for i in range(6):
+        push(q, clock, f"r{i}")
+    assert ids(q.form_batch(clock.now())) == ["r0", "r1", "r2", "r3"]  # a preferred size: at once
+    clock.advance(1000 * US)
+    for i in range(6, 14):
+        push(q, clock, f"r{i}")
+    clock.advance(1000 * US)  # r4 has waited the window: all ten pending go together
+    assert ids(q.form_batch(clock.now())) == [f"r{i}" for i in range(4, 14)]
+    for i in range(20):
+        push(q, clock, f"s{i}")
+    clock.advance(2000 * US)
+    assert ids(q.form_batch(clock.now())) == [f"s{i}" for i in range(16)]  # the max caps it
+
+
+def test_a_delayed_request_goes_behind_another_users_fresh_request_whatever_the_counters() -> None:
+    """An LLM class with DELAY: ann's request timed out, so bob's fresh one is admitted first even
+    though fairness would pick ann (lowest counter). Before, the picker was offered both users."""
+    clock = VirtualClock()
+    q = make_queue("llm", default_queue_policy={"timeout_action": "DELAY", "default_timeout_microseconds": SECOND})
+    push(q, clock, "old", "ann")
+    clock.set(2.0)
+    push(q, clock, "fresh", "bob")
+    offered: list[list[str]] = []
+
+    def prefer_ann(users: list[str]) -> str:
+        offered.append(users)
+        return "ann" if "ann" in users else users[0]
+
+    assert q.pop_for_admission(clock.now(), prefer_ann).request_id == "fresh"  # type: ignore[union-attr]
+    assert q.pop_for_admission(clock.now(), prefer_ann).request_id == "old"  # type: ignore[union-attr]
+    assert offered == [["bob"], ["ann"]]
+
+
+def test_embedding_batches_form_in_counter_order_across_users() -> None:
+    """One user's 250 inputs queued before another user's single query: with a fairness counter the
+    query is in the first batch, and the flood's inputs follow in counter order."""
+    clock = VirtualClock()
+    q = ClassQueue("embedding", ClassPolicy.model_validate(
+        {"kind": "embedding", "model": "m", "max_batch_size": 32, "max_queue_delay_microseconds": 0}),
+        VirtualTokenCounter(w_in=1.0, w_out=0.0))
+    for i in range(250):
+        push(q, clock, f"idx{i}", "indexer", cost=200)
+    push(q, clock, "query", "alice", cost=12)
+    first = ids(q.form_batch(clock.now()))
+    assert len(first) == 32 and first[0] == "idx0" and "query" in first[:2]
+    assert first[2:] == [f"idx{i}" for i in range(1, 31)]

@@ -21,7 +21,8 @@ def policy(action: str, max_size: int, delay_us: int, kind: str = "embedding") -
     queue: dict[str, Any] = {"max_queue_size": max_size, "timeout_action": action,
                              "default_timeout_microseconds": 3000, "allow_timeout_override": True}
     return ClassPolicy.model_validate({
-        "kind": kind, "model": "m", "max_batch_size": 4, "preferred_batch_size": [2, 4],
+        "kind": kind, "model": "m", "max_batch_size": 4,
+        "preferred_batch_size": [2, 4] if kind == "embedding" else [],  # an LLM class refuses them
         "max_queue_delay_microseconds": delay_us, "priority_levels": 2,
         "default_queue_policy": queue, "priority_queue_policy": {2: {**queue, "timeout_action": "DELAY"}},
     })
