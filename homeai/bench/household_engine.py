@@ -72,7 +72,7 @@ class RealReplay:
             if req.kind == "llm":
                 params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
                 stream = self.engine.generate([FAKE_TOKEN] * req.prompt_tokens, params, class_name=cls, user=user,
-                                              extra={"priority_level": level} if level else {})
+                                              priority_level=level or None)
                 async for delta in stream:
                     now = time.monotonic() - t0
                     rec.token_times.extend([now] * len(delta.token_ids))

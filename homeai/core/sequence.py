@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from homeai.core.types import FinishReason, SamplingParams
 
@@ -18,6 +18,7 @@ class SequenceStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    FINISHED_TIMED_OUT = 6  # waited in its queue past its timeout (REJECT): HTTP 503, never an error string
 
     @property
     def is_finished(self) -> bool:
@@ -32,6 +33,7 @@ _FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: FinishReason.STOP,
     SequenceStatus.FINISHED_LENGTH: FinishReason.LENGTH,
     SequenceStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    SequenceStatus.FINISHED_TIMED_OUT: FinishReason.ABORT,
 }
 
 
@@ -65,7 +67,15 @@ class Sequence:
     sink: TextSink | None = None
     pending_text: str = ""  # produced by the sink since the engine last emitted
     first_token_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # What the request asked of its queue (None: the class's defaults).
+    priority_level: int | None = None
+    timeout_us: int | None = None
+    # Bookkeeping of the scheduler and the engine, typed rather than a grab-bag dict.
+    queue_item: object | None = None  # the scheduler's handle in its class queue
+    num_charged_prompt_tokens: int = 0  # prompt tokens fairness has charged (not again after preemption)
+    admitted_for_share: bool = False  # admitted to honour its class's min_share
+    num_emitted_tokens: int = 0  # output tokens already handed to the stream
+    error: str | None = None  # why it failed, for the client (a timeout is a status, not this text)
 
     @property
     def num_tokens(self) -> int:
@@ -109,5 +119,5 @@ class Sequence:
 
     def finish(self, status: SequenceStatus) -> None:
         self.status = status
-        if self.sink is not None and status != SequenceStatus.FINISHED_ABORTED and not self.sink.stopped:
+        if self.sink is not None and status < SequenceStatus.FINISHED_ABORTED and not self.sink.stopped:
             self.pending_text += self.sink.flush()

@@ -77,6 +77,7 @@ class TokenDelta:
     num_output_tokens: int
     finish_reason: FinishReason | None = None
     error: str | None = None
+    timed_out: bool = False  # it waited in its queue past its timeout (the API answers 503)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when asked for
 
     @property

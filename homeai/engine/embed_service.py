@@ -2,12 +2,15 @@
 
 Each input of a request is one queue item, so Triton's preferred batch sizes count inputs, and a big
 indexing request cannot jump ahead of a search query that arrived later in a more important class.
+Requests and cancellations are posted to an inbox that the device thread applies (``apply_inbox``): only
+that thread touches the batcher's queues.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +47,8 @@ class EmbedService:
         self.embedders = embedders
         self.wake: Any = None  # set by the device loop
         self._ids = itertools.count()
+        self._inbox: list[tuple[str, str, list[QueuedItem]]] = []  # (push | cancel, class, items)
+        self._inbox_lock = threading.Lock()
 
     def model_for(self, class_name: str, policy: Policy) -> Embedder:
         cp = policy.classes.get(class_name)
@@ -70,22 +75,42 @@ class EmbedService:
         embedder = self.model_for(class_name, self.batcher.policy)
         rows = self.tokenize(embedder, inputs)
         loop = asyncio.get_running_loop()
-        items: list[QueuedItem] = []
+        items = [QueuedItem(f"emb-{next(self._ids)}", user, priority_level=priority_level,
+                            timeout_override_us=timeout_us, cost=len(row),
+                            payload=EmbedInput(row, loop, loop.create_future())) for row in rows]
+        self._post("push", class_name, items)
         try:
-            for row in rows:
-                payload = EmbedInput(row, loop, loop.create_future())
-                item = QueuedItem(f"emb-{next(self._ids)}", user, priority_level=priority_level,
-                                  timeout_override_us=timeout_us, cost=len(row), payload=payload)
-                self.batcher.push_embedding(class_name, item)  # QueueFullError -> 429
-                items.append(item)
-            if self.wake is not None:
-                self.wake.set()
-            vectors = await asyncio.gather(*(it.payload.future for it in items))
+            vectors = await asyncio.gather(*(it.payload.future for it in items))  # QueueFullError -> 429
         except BaseException:
-            for it in items:
-                self.batcher.cancel_embedding(class_name, it.request_id)
+            self._post("cancel", class_name, items)
             raise
         return EmbedResult(np.stack(vectors), sum(len(r) for r in rows))
+
+    def _post(self, kind: str, class_name: str, items: list[QueuedItem]) -> None:
+        with self._inbox_lock:
+            self._inbox.append((kind, class_name, items))
+        if self.wake is not None:
+            self.wake.set()
+
+    def apply_inbox(self) -> None:
+        """Device thread: queue posted requests (all inputs of one, or none of them if its queue is
+        full: the caller gets QueueFullError) and drop cancelled ones, in posting order."""
+        with self._inbox_lock:
+            posted, self._inbox = self._inbox, []
+        for kind, class_name, items in posted:
+            if kind == "cancel":
+                for it in items:
+                    self.batcher.cancel_embedding(class_name, it.request_id)
+                continue
+            pushed: list[QueuedItem] = []
+            try:
+                for it in items:
+                    self.batcher.push_embedding(class_name, it)
+                    pushed.append(it)
+            except Exception as exc:  # QueueFullError, an unknown class: the whole request fails
+                for it in pushed:
+                    self.batcher.cancel_embedding(class_name, it.request_id)
+                self._deliver([(it.payload, exc) for it in items])
 
     def run(self, work: EmbedWork) -> None:
         """Device thread: embed one batch and hand each vector to its waiting request."""

@@ -98,8 +98,10 @@ class Gateway:
         self.batcher = Batcher(policy, scheduler)
         self.embed_service = EmbedService(self.batcher, self.embedders)
         llm = next(iter(self.llms.values()), None)
-        self.loop = DeviceLoop(llm=llm, batcher=self.batcher, embed=self.embed_service)
-        self.policy_holder.subscribe(lambda p, _v: self.batcher.apply_policy(p) if self.batcher else None)
+        self.loop = DeviceLoop(llm=llm, batcher=self.batcher, embed=self.embed_service,
+                               build_snapshot=self._build_snapshot)
+        # The device thread owns the scheduling state: a swap is posted to it, never applied from here.
+        self.policy_holder.subscribe(lambda p, _v: self.loop.post_policy(p) if self.loop else None)
         self.loop.start()
         self.started_s = time.time()
         self.rss_at_ready_mb = process_rss_mb()
@@ -176,12 +178,11 @@ class Gateway:
                                f"{cp.max_prompt_tokens}")
         if cp.max_output_tokens:
             params.max_tokens = min(params.max_tokens, cp.max_output_tokens)
-        extra = {k: v for k, v in (("priority_level", priority_level), ("timeout_us", timeout_us)) if v}
         engine = self.llm(route.model)
-        seq_meta: dict[str, Any] = {"class_name": route.class_name, "user": user}
         request_id = request_id or uuid.uuid4().hex
         sub = Submission(request_id, kind, route.class_name, user, route.model, len(prompt_ids))
-        return self.meter.stream(sub, engine.generate(prompt_ids, params, request_id, **seq_meta, extra=extra))
+        return self.meter.stream(sub, engine.generate(prompt_ids, params, request_id, route.class_name, user,
+                                                         priority_level or None, timeout_us or None))
 
     async def embed(self, route: Route, inputs: list[str] | list[list[int]], user: str,
                     priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
@@ -194,6 +195,13 @@ class Gateway:
 
     # ---- stats -----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
+        """Queues and device as the device thread last published them (never read across threads)."""
+        if self.loop is None:
+            return {"classes": {}, "device": {}}
+        return self.loop.snapshot() or {"classes": {}, "device": {}}
+
+    def _build_snapshot(self) -> dict[str, Any]:
+        """Runs on the device thread, which owns what it reads."""
         out: dict[str, Any] = {"classes": {}, "device": {}}
         for name, engine in self.llms.items():
             sched = engine.scheduler

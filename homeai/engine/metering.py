@@ -72,8 +72,10 @@ def outcome_of(exc: BaseException) -> str:
 
 def outcome_of_delta(delta: TokenDelta) -> str:
     """The status of a stream whose last delta is ``delta`` (a queue timeout arrives as an error delta)."""
+    if delta.timed_out:  # a status, not the word "timeout" in an error text
+        return "timeout"
     if delta.error is not None:
-        return "timeout" if "timeout" in delta.error else "error"
+        return "error"
     return "aborted" if delta.finish_reason == FinishReason.ABORT else "ok"
 
 

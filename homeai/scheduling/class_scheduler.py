@@ -117,8 +117,8 @@ class ClassScheduler(StepScheduler):
             if state is None:
                 raise UnknownClassError(f"class {seq.class_name!r} is not an LLM class of this model; "
                                         f"known: {sorted(self.classes)}")
-            item = QueuedItem(seq.request_id, seq.user, priority_level=seq.extra.get("priority_level"),
-                              timeout_override_us=seq.extra.get("timeout_us"), cost=seq.num_prompt_tokens,
+            item = QueuedItem(seq.request_id, seq.user, priority_level=seq.priority_level,
+                              timeout_override_us=seq.timeout_us, cost=seq.num_prompt_tokens,
                               payload=seq)
             now = self.clock.now() if now is None else now
             self._expire(now)  # timed-out requests make room and are answered now, not in limbo
@@ -130,7 +130,7 @@ class ClassScheduler(StepScheduler):
             if not state.policy.background:
                 self.last_interactive_s = item.arrival_s
             seq.status = SequenceStatus.WAITING
-            seq.extra["item"] = item
+            seq.queue_item = item
             self.seqs[seq.seq_id] = seq
 
     def _forget(self, seq: Sequence) -> None:
@@ -211,8 +211,8 @@ class ClassScheduler(StepScheduler):
                 seq = item.payload
                 if state.queue.num_queued_for(seq.user) == 0:
                     state.vtc.on_drained(seq.user)
-                seq.extra["error"] = "queue timeout"
-                seq.finish(SequenceStatus.FINISHED_ABORTED)
+                seq.error = "queue timeout"
+                seq.finish(SequenceStatus.FINISHED_TIMED_OUT)
                 self.seqs.pop(seq.seq_id, None)
                 self.rejected.append(seq)
 
@@ -313,10 +313,10 @@ class ClassScheduler(StepScheduler):
         # VTC charges the prompt at admission (as the paper does): the next pick in this very step
         # already sees it, so one user cannot fill a step while its counter stands still. A cached
         # prefix costs nothing to serve, so it is not charged.
-        fresh = seq.num_prompt_tokens - max(seq.extra.get("charged_prompt", 0), seq.num_computed_tokens)
+        fresh = seq.num_prompt_tokens - max(seq.num_charged_prompt_tokens, seq.num_computed_tokens)
         if fresh > 0:
             state.vtc.charge(seq.user, fresh, 0)
-            seq.extra["charged_prompt"] = seq.num_prompt_tokens
+            seq.num_charged_prompt_tokens = seq.num_prompt_tokens
         if state.queue.num_queued_for(seq.user) == 0:
             state.vtc.on_drained(seq.user)
         seq.status = SequenceStatus.RUNNING
@@ -379,7 +379,8 @@ class ClassScheduler(StepScheduler):
             plan.chunks.remove(chunk)
             if seq.class_name in self._share_used:
                 self._share_used[seq.class_name] = max(0, self._share_used[seq.class_name] - chunk.num_tokens)
-        item = seq.extra["item"]
+        item = seq.queue_item
+        assert isinstance(item, QueuedItem)
         item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
         state.queue.requeue_front(item)
 

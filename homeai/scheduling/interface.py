@@ -53,6 +53,10 @@ class StepScheduler(ABC):
         """The inter-token-latency targets of the interactive classes with running sequences."""
         return []
 
+    def drain_rejected(self) -> list[Sequence]:
+        """Sequences that timed out in a queue since the last call (finished: the engine answers them)."""
+        return []
+
     def apply_policy(self, policy: Policy) -> None:
         """Take a new policy's limits from the next step (a plain scheduler has none to take)."""
         return None

@@ -16,10 +16,11 @@ from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import SamplingParams, StepOutput
 from homeai.policy.schema import Policy
-from homeai.scheduling.batcher import LLM_STEP, Batcher, EmbedWork
+from homeai.scheduling.batcher import Batcher, EmbedWork
 from homeai.scheduling.class_queue import QueuedItem, QueueFullError
 from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.clock import VirtualClock
+from homeai.scheduling.device import run_once
 from homeai.sim.cost_model import CostModel
 from homeai.sim.trace import TraceRequest
 
@@ -65,6 +66,9 @@ class Simulator:
         self.background_concurrency = background_concurrency
         self._backlog: dict[str, list[TraceRequest]] = {}
         self._outstanding: dict[str, int] = {}
+        self._pending: list[TraceRequest] = []  # interactive arrivals in time order; _next is due next
+        self._next = 0
+        self._steps = self._batches = 0
 
     def _submit(self, req: TraceRequest) -> None:
         rid = f"r{next(self._ids)}"
@@ -74,7 +78,7 @@ class Simulator:
             if req.kind == "llm":
                 params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
                 seq = Sequence(next(self._ids), rid, [FAKE_TOKEN] * req.prompt_tokens, params,
-                               class_name=cls, user=user, extra={"priority_level": level, "trace": req})
+                               class_name=cls, user=user, priority_level=level)
                 self.scheduler.add(seq, req.arrival_s)
             else:
                 assert req.input_tokens is not None
@@ -105,31 +109,41 @@ class Simulator:
                 self._backlog.setdefault(req.class_name, []).append(copy.copy(req))
         for backlog in self._backlog.values():
             backlog.reverse()  # pop() takes them in trace order
-        pending = sorted((r for r in trace if not r.background), key=lambda r: r.arrival_s)
-        i, steps, batches = 0, 0, 0
+        self._pending = sorted((r for r in trace if not r.background), key=lambda r: r.arrival_s)
+        self._next = 0
+        self._steps = self._batches = 0
         while self.clock.now() < horizon_s:
+            if run_once(self.batcher, self):  # the device loop's own iteration, on virtual time
+                continue
+            # Nothing ran: jump to the next arrival or deadline strictly after now (never to the
+            # horizon past work that is ready now: run_once would have run it).
             now = self.clock.now()
-            while i < len(pending) and pending[i].arrival_s <= now:
-                self._submit(pending[i])
-                i += 1
-            self._refill_background(now)
-            self._collect_timeouts()
-            work = self.batcher.next_work()
-            start = self.clock.now()
-            if work == LLM_STEP and self._llm_step():
-                steps += 1
-                self.batcher.record(LLM_STEP, start, self.clock.now())
-                continue
-            if isinstance(work, EmbedWork):
-                self._embed_batch(work)
-                batches += 1
-                self.batcher.record(work.class_name, start, self.clock.now(), len(work.items))
-                continue
-            wake = [t for t in (pending[i].arrival_s if i < len(pending) else None, self.batcher.next_wake_s())
-                    if t is not None and t > now]
+            arrival = self._pending[self._next].arrival_s if self._next < len(self._pending) else None
+            wake = [t for t in (arrival, self.batcher.next_wake_s(after=now)) if t is not None and t > now]
             self.clock.set(min([*wake, horizon_s]))
-        return SimResult(list(self.records.values()), horizon_s, dict(self.processed), steps, batches,
-                         self.scheduler.num_preemptions)
+        return SimResult(list(self.records.values()), horizon_s, dict(self.processed), self._steps,
+                         self._batches, self.scheduler.num_preemptions)
+
+    # ---- the Device protocol (homeai.scheduling.device): a cost model instead of an accelerator ----
+    def apply_inbox(self) -> None:
+        """Requests that have arrived by now enter their queues, as posted requests do on the server."""
+        now = self.clock.now()
+        while self._next < len(self._pending) and self._pending[self._next].arrival_s <= now:
+            self._submit(self._pending[self._next])
+            self._next += 1
+        self._refill_background(now)
+
+    def fail_expired(self) -> None:
+        self._collect_timeouts()
+
+    def llm_step(self) -> bool:
+        ran = self._llm_step()
+        self._steps += ran
+        return ran
+
+    def embed_batch(self, work: EmbedWork) -> None:
+        self._embed_batch(work)
+        self._batches += 1
 
     def _llm_step(self) -> bool:
         plan = self.scheduler.schedule()
@@ -139,7 +153,7 @@ class Simulator:
         ctx = sum(c.start + c.num_tokens for c in plan.chunks)
         self.clock.advance(self.cost.llm_step_s(plan.num_tokens, len(plan.chunks), ctx))
         for c in plan.chunks:
-            trace_cls = seqs[c.seq_id].extra["trace"].class_name
+            trace_cls = self.records[seqs[c.seq_id].request_id].req.class_name
             self.processed[trace_cls] = self.processed.get(trace_cls, 0) + c.num_tokens
         output = StepOutput(sampled={c.seq_id: FAKE_TOKEN for c in plan.chunks if c.sample})
         now = self.clock.now()

@@ -44,8 +44,9 @@ class Engine:
             self.aborted = not finished
 
 
-def delta(n: int, reason: FinishReason | None = None, error: str | None = None) -> TokenDelta:
-    return TokenDelta("r", "x" * n, list(range(n)), 3, 0, reason, error)
+def delta(n: int, reason: FinishReason | None = None, error: str | None = None,
+          timed_out: bool = False) -> TokenDelta:
+    return TokenDelta("r", "x" * n, list(range(n)), 3, 0, reason, error, timed_out=timed_out)
 
 
 def meter_and_log() -> tuple[Meter, MetricsRecorder, list[FinishedRequest]]:
@@ -124,10 +125,13 @@ async def test_a_full_queue_is_rejected_and_counted_as_a_rejection() -> None:
     assert recorder.rejections("voice") == {"queue_full": 1}
 
 
-@pytest.mark.parametrize(("error", "status"), [("queue timeout", "timeout"), ("device failed", "error")])
-async def test_an_error_delta_ends_the_record(error: str, status: str) -> None:
+@pytest.mark.parametrize(("error", "timed_out", "status"), [
+    ("queue timeout", True, "timeout"), ("device failed", False, "error"),
+    ("engine error: timeout reading a weight file", False, "error"),  # a timeout is a status, not a word
+])
+async def test_an_error_delta_ends_the_record(error: str, timed_out: bool, status: str) -> None:
     meter, recorder, done = meter_and_log()
-    got = await read_all(meter.stream(sub(), Engine([delta(0, error=error)]).generate()))
+    got = await read_all(meter.stream(sub(), Engine([delta(0, error=error, timed_out=timed_out)]).generate()))
     assert len(got) == 1
     assert [(d.status, d.ttft_ms) for d in done] == [(status, None)]
     assert recorder.rejections("chat") == ({"timeout": 1} if status == "timeout" else {})

@@ -70,7 +70,8 @@ class Harness:
             **extra: Any) -> Sequence:
         (seq,) = make_requests(1, prompt_len, max_tokens, first_id=next(self._ids))
         seq.class_name, seq.user = class_name, user
-        seq.extra.update(extra)
+        for name, value in extra.items():  # typed request fields: priority_level, timeout_us
+            setattr(seq, name, value)
         self.sched.add(seq)
         return seq
 
@@ -186,7 +187,7 @@ def test_a_preempted_request_is_not_failed_by_its_queue_timeout() -> None:
     h.add("voice", max_tokens=3)
     assert h.step().preempted == [chat.seq_id]
     h.drain()
-    assert chat.extra.get("error") is None
+    assert chat.error is None
     assert_completed(chat)
     assert_engine_empty(h.sched)
 
@@ -388,7 +389,7 @@ def test_queue_timeout_reject_surfaces_through_drain_rejected() -> None:
     assert h.sched.has_work()
     assert h.sched.drain_rejected() == [late]
     for seq in (late, hurried):
-        assert seq.status == SequenceStatus.FINISHED_ABORTED and seq.extra["error"] == "queue timeout"
+        assert seq.status == SequenceStatus.FINISHED_TIMED_OUT and seq.error == "queue timeout"
         assert seq.seq_id not in h.sched.seqs and not h.ran(seq)
     h.drain()
     assert_completed(running)
@@ -406,7 +407,7 @@ def test_a_timeout_found_while_adding_is_rejected_at_once_and_only_once() -> Non
     expired = h.add("voice")
     h.clock.advance(0.2)
     h.add("voice", max_tokens=1)
-    assert expired.status == SequenceStatus.FINISHED_ABORTED and expired.seq_id not in h.sched.seqs
+    assert expired.status == SequenceStatus.FINISHED_TIMED_OUT and expired.seq_id not in h.sched.seqs
     assert h.sched.abort(expired.request_id) is None  # already finished: not aborted a second time
     assert h.sched.drain_rejected() == [expired]
     h.sched.abort(running.request_id)

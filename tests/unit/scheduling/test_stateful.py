@@ -72,7 +72,7 @@ class ClassSchedulerMachine(RuleBasedStateMachine):
         for seq in make_requests(count, prompt_len, max_tokens, first_id=self.next_id):
             self.next_id += 1
             seq.class_name, seq.user = class_name, user
-            seq.extra["priority_level"] = level
+            seq.priority_level = level
             try:
                 self.sched.add(seq)
             except QueueFullError:
@@ -96,7 +96,7 @@ class ClassSchedulerMachine(RuleBasedStateMachine):
             assert cap is None or state.num_running <= cap, f"{name}: {state.num_running} > {cap}"
         sched.update(plan, self.runner.execute(plan, sched.seqs))  # checks each chunk's range
         for seq in sched.drain_rejected():
-            assert seq.status == SequenceStatus.FINISHED_ABORTED and seq.extra["error"] == "queue timeout"
+            assert seq.status == SequenceStatus.FINISHED_TIMED_OUT and seq.error == "queue timeout"
             self.dropped.add(seq.request_id)
 
     @rule(data=st.data())
