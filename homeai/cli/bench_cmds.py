@@ -1,4 +1,4 @@
-"""`homeai bench engine|sim|calibrate`: measured figures, printed as tables or one JSON object."""
+"""`homeai bench engine|sim|calibrate|soak|prefix`: measured figures, printed as tables or one JSON object."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def add_bench_commands(subparsers: Any) -> None:
     p.set_defaults(func=cmd_bench_engine)
 
     from homeai.bench.calibrate import add_calibrate_arguments, run_calibrate
+    from homeai.bench.prefix_bench import add_prefix_arguments, run_prefix
     from homeai.bench.sim_bench import add_sim_arguments, run_sim
 
     p = kinds.add_parser("sim", help="the household mix on virtual time: FIFO vs single-queue priority vs ours")
@@ -35,6 +36,9 @@ def add_bench_commands(subparsers: Any) -> None:
     p = kinds.add_parser("calibrate", help="fit the simulator's cost model on this machine's real runtime")
     add_calibrate_arguments(p)
     p.set_defaults(func=run_calibrate)
+    p = kinds.add_parser("prefix", help="prefix caching: warm vs cold TTFT of a long system prompt, a voice trace")
+    add_prefix_arguments(p)
+    p.set_defaults(func=run_prefix)
     p = kinds.add_parser("soak", help="every class at once against a real server, then what leaked")
     p.add_argument("--minutes", type=float, default=10.0, help="how long the load runs (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
