@@ -31,6 +31,7 @@ from homeai.scheduling.share_bucket import ShareBucket
 from homeai.scheduling.step_budget import ClassTargets, StepCostModel, step_token_budget
 
 INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps steps sized by the targets
+BACKGROUND_CHUNK_TOKENS = 32  # a background class's prompt tokens per step while the house is active
 SHARE_BURST_STEPS = 2  # a background class's share credit holds at most this many full steps' share
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 
@@ -200,7 +201,7 @@ class ClassScheduler(StepScheduler):
             for state in self._owed_background():  # 2. background classes owed their min_share
                 self._serve_class(plan, state, now, limit=int(state.bucket.credit), for_share=True)
             for state in sorted(self.classes.values(), key=lambda c: c.rank):  # 3. by class importance
-                self._serve_class(plan, state, now, limit=None, for_share=False)
+                self._serve_class(plan, state, now, limit=self._background_limit(state), for_share=False)
             self._charge_shares(plan)
             self._in_flight = (now, plan.num_tokens)
             return plan
@@ -232,6 +233,16 @@ class ClassScheduler(StepScheduler):
                                 running=c.num_running > 0, active=self._interactive_now)
                    for c in self.classes.values() if not c.policy.background]
         return step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
+
+    def _background_limit(self, state: LLMClassState) -> int | None:
+        """While interactive classes are active, a background class's prompt chunks together stay small
+        (its min_share of the maximum budget, at least BACKGROUND_CHUNK_TOKENS, its share pass
+        included): every token a step takes lengthens the wait of the next voice request, and idle
+        capacity is not what an active house has. A quiet house gives background the whole budget."""
+        if not state.policy.background or not self._interactive_now:
+            return None
+        cap = max(BACKGROUND_CHUNK_TOKENS, int(self.max_num_batched_tokens * state.policy.min_share))
+        return max(0, cap - self._share_used.get(state.name, 0))
 
     def _room(self, plan: StepPlan) -> int:
         return min(self._budget, self.max_num_batched_tokens) - plan.num_tokens
