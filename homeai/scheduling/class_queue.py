@@ -41,6 +41,9 @@ def _deadline_current(entry: tuple[float, int, int, QueuedItem]) -> bool:
     return entry[3].state == QUEUED and entry[3].gen == entry[2]
 
 
+MAX_RETRY_AFTER_S = 60.0
+
+
 class QueueFullError(Exception):
     """The request's priority level is full: reject at once (HTTP 429 with Retry-After)."""
 
@@ -340,9 +343,17 @@ class ClassQueue:
         return sum(level.user_live.get(user, 0) for level in self._levels.values())
 
     def retry_after_s(self, now: float, level: int = 1) -> float:
-        """A Retry-After estimate: requests ahead times the recent time between departures (1..60 s)."""
+        """A Retry-After estimate: requests ahead times the recent time between departures, at least 1 s
+        and never more than the level's queue timeout (or 60 s): a client told to wait longer than a
+        queued request may wait would be sent away for nothing (voice times out after 10 s, and its
+        429s once said 60). Only departures inside that horizon count, so a quiet hour before a burst
+        does not read as a slow queue."""
+        timeout_us = self._policy.queue_policy(level).default_timeout_microseconds
+        horizon_s = min(MAX_RETRY_AFTER_S, timeout_us / 1e6) if timeout_us else MAX_RETRY_AFTER_S
         ahead = sum(lv.num_live for no, lv in self._levels.items() if no <= level) + 1
-        deps = self._departures
-        if len(deps) >= 2 and deps[-1] > deps[0]:
-            return min(60.0, max(1.0, ahead * (deps[-1] - deps[0]) / (len(deps) - 1)))
-        return max(1.0, self._policy.max_queue_delay_s)
+        recent = [t for t in self._departures if now - t <= horizon_s]
+        if len(recent) >= 2 and recent[-1] > recent[0]:
+            estimate = ahead * (recent[-1] - recent[0]) / (len(recent) - 1)
+        else:
+            estimate = self._policy.max_queue_delay_s
+        return min(horizon_s, max(1.0, estimate))
