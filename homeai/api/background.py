@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar
 
 from homeai.jobs.manager import JobManager
+from homeai.metrics.recorder import MetricsRecorder
 from homeai.search.matrix_cache import SearchIndex
 from homeai.store.request_log import RequestLogWriter
 
@@ -32,10 +33,8 @@ async def background_lifespan(app: Litestar) -> AsyncIterator[None]:
     writer = RequestLogWriter(store.sessions)
     writer.start()
     state.request_log = writer
-    recorder = state.get("metrics")
-    listeners = getattr(recorder, "listeners", None)
-    if listeners is not None:
-        listeners.append(writer.submit)
+    recorder: MetricsRecorder = state.metrics  # the gateway meters every request into it
+    recorder.listeners.append(writer.submit)  # one row per metered request, jobs' included
     manager = JobManager(store, lambda: state.get("gateway"), batch_chunks=int(os.environ.get(BATCH_CHUNKS_ENV, "32")))
     await manager.start()
     state.jobs = manager
@@ -45,8 +44,7 @@ async def background_lifespan(app: Litestar) -> AsyncIterator[None]:
     finally:
         state.jobs = None
         state.search = None
-        await manager.shutdown()
-        if listeners is not None and writer.submit in listeners:
-            listeners.remove(writer.submit)
+        await manager.shutdown()  # cancelled job requests are metered (aborted) and logged before the flush
+        recorder.listeners.remove(writer.submit)
         await writer.stop()
         state.request_log = None
