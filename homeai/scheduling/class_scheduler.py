@@ -124,7 +124,7 @@ class ClassScheduler(StepScheduler):
             now = self.clock.now() if now is None else now
             self._expire(now)  # timed-out requests make room and are answered now, not in limbo
             newly = state.queue.num_queued_for(seq.user) == 0
-            state.queue.push(item, now)
+            state.queue.push(item, now, self._num_free_slots(state))
             if newly:
                 state.vtc.on_backlogged(seq.user, state.queue.users_queued())
             seq.arrival_s = item.arrival_s
@@ -133,6 +133,12 @@ class ClassScheduler(StepScheduler):
             seq.status = SequenceStatus.WAITING
             seq.queue_item = item
             self.seqs[seq.seq_id] = seq
+
+    def _num_free_slots(self, state: LLMClassState) -> int:
+        """Sequences of the class that could start now: within its ``max_running`` and ``max_num_seqs``."""
+        free = self.max_num_seqs - len(self.running)
+        cap = state.policy.max_running
+        return max(0, free if cap is None else min(free, cap - state.num_running))
 
     def _forget(self, seq: Sequence) -> None:
         state = self.classes.get(seq.class_name)
