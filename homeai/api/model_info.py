@@ -93,7 +93,7 @@ def _on_gpu(gateway: Gateway) -> bool:
 
 
 def model_show(gateway: Gateway, name: str | None) -> dict[str, Any]:
-    """Details, chat template and capabilities; ``completion`` or ``embedding`` only (no tool calls)."""
+    """Details, chat template and capabilities: an LLM completes and calls tools (``homeai.api.tools``)."""
     details = model_details(gateway, name)
     entry = resolve_entry(gateway, name)
     family = details["details"]["family"]
@@ -105,7 +105,7 @@ def model_show(gateway: Gateway, name: str | None) -> dict[str, Any]:
         "template": template, "details": details["details"], "modified_at": details["modified_at"],
         "model_info": {"general.architecture": family, "general.basename": entry.name,
                        f"{family}.context_length": entry.served_len},
-        "capabilities": ["completion"] if entry.kind == "llm" else ["embedding"],
+        "capabilities": ["completion", "tools"] if entry.kind == "llm" else ["embedding"],
     }
 
 

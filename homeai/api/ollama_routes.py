@@ -2,7 +2,8 @@
 endpoints that apps call first (tags, show, ps, pull, version).
 
 Home Assistant's Ollama integration lists /api/tags, pulls its model with /api/pull and chats with
-``tools``: tools are accepted and the answer is plain chat, so it never fails on them.
+``tools``; it acts only on ``message.tool_calls`` (arguments as an object), sent here in the line where
+a call completes, and sends results back as ``tool`` messages.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from homeai.api.serving import (
     Generation,
     chat_prompt_ids,
     check_token_ids,
+    compile_constraint,
     default_max_tokens,
     gateway_of,
     request_context,
@@ -38,7 +40,10 @@ from homeai.api.serving import (
     text_prompt_ids,
 )
 from homeai.api.streaming import ndjson_line, ndjson_stream
-from homeai.core.types import FinishReason, SamplingParams
+from homeai.api.structured import ollama_format_constraint
+from homeai.api.tool_calls import ToolCall, ToolCallParser, parse_all
+from homeai.api.tools import assistant_calls_message, parse_tools, plan_tools, tool_result_message
+from homeai.core.types import Constraint, FinishReason, SamplingParams
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose endpoints and fields we follow
 
@@ -78,26 +83,60 @@ class _Timing:
                 "eval_count": gen.num_output_tokens, "eval_duration": end - self.first_ns}
 
 
+def ollama_messages(data: ChatRequest) -> list[dict[str, Any]]:
+    """Chat-template messages: tool results and earlier calls written as the model reads them."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(data.messages):
+        if m.role == "tool":
+            out.append(tool_result_message(m.content))
+        elif m.role == "assistant" and m.tool_calls:
+            calls = []
+            for j, call in enumerate(m.tool_calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise BadRequest("a tool call needs function.name", param=f"messages[{i}].tool_calls[{j}]")
+                calls.append((fn["name"], fn.get("arguments") or {}))
+            out.append(assistant_calls_message(m.content, calls))
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def wire_call(call: ToolCall) -> dict[str, Any]:
+    return {"function": {"name": call.name, "arguments": call.arguments_object()}}
+
+
 async def generate_reply(request: Request[Any, Any, Any], data: ChatRequest | GenerateRequest,
-                         prompt_ids: list[int], route: Any, ctx: Any, chat: bool) -> Response[Any]:
-    """Run one generation and answer as NDJSON lines (stream) or one JSON object."""
+                         prompt_ids: list[int], route: Any, ctx: Any, chat: bool,
+                         constraint: tuple[Constraint, str] | None = None, tools: bool = False) -> Response[Any]:
+    """Run one generation and answer as NDJSON lines (stream) or one JSON object. ``constraint``: the
+    answer's grammar and the field it came from; ``tools``: read calls out of the answer."""
     timing = _Timing()
     gateway = gateway_of(request)
     params = sampling_params(data.options, default_max_tokens(gateway, route, prompt_ids,
                                                               requested_max_tokens(data.options)))
+    if constraint is not None:
+        await compile_constraint(gateway, route, *constraint)
+        params.constraint = constraint[0]
     gen = Generation(request, route, prompt_ids, params, ctx, "chat" if chat else "completion")
     await gen.open()
     timing.first_ns = time.monotonic_ns()
 
-    def line(text: str) -> dict[str, Any]:
+    def line(text: str, calls: list[ToolCall] | None = None) -> dict[str, Any]:
         body = {"model": data.model, "created_at": now_iso()}
         if chat:
-            return {**body, "message": {"role": "assistant", "content": text}}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = [wire_call(c) for c in calls]
+            return {**body, "message": message}
         return {**body, "response": text}
 
     if not data.stream:
         text, reason = await gen.collect()
-        return Response({**line(text), **timing.final(gen, reason)})
+        content, calls = parse_all(text) if tools else (text, [])
+        return Response({**line(content, calls), **timing.final(gen, reason)})
+
+    parser = ToolCallParser() if tools else None
 
     async def lines() -> AsyncIterator[bytes]:
         async with aclosing(gen.deltas()) as deltas:
@@ -105,8 +144,15 @@ async def generate_reply(request: Request[Any, Any, Any], data: ChatRequest | Ge
                 if delta.error:
                     yield ndjson_line({"error": delta.error})
                     return
-                if delta.text:
-                    yield ndjson_line({**line(delta.text), "done": False})
+                if parser is None:
+                    if delta.text:
+                        yield ndjson_line({**line(delta.text), "done": False})
+                else:
+                    for e in parser.feed(delta.text) + (parser.finish() if delta.finished else []):
+                        if e.text:
+                            yield ndjson_line({**line(e.text), "done": False})
+                        elif e.done and e.call is not None:  # Ollama sends a call once it is whole
+                            yield ndjson_line({**line("", [e.call]), "done": False})
                 if delta.finished:
                     yield ndjson_line({**line(""), **timing.final(gen, delta.finish_reason)})
 
@@ -132,10 +178,17 @@ class OllamaController(Controller):
             return Response(loaded(data.model, chat=True))
         if any(m.images for m in data.messages):
             raise BadRequest(f"model {route.model!r} does not take images")
-        roles = {"tool": "user"}
-        messages = [{"role": roles.get(m.role, m.role), "content": m.content} for m in data.messages]
-        prompt_ids = await chat_prompt_ids(gateway, route.model, messages)
-        return await generate_reply(request, data, prompt_ids, route, ctx, chat=True)
+        plan = plan_tools(parse_tools(data.tools), None, None)  # Ollama has no tool_choice: auto
+        fmt = ollama_format_constraint(data.format)
+        if plan.active and fmt is not None:
+            raise BadRequest("format cannot be combined with tools (a call is no JSON document of that shape)",
+                             param="format")
+        tool_grammar = plan.constraint()
+        constraint = (tool_grammar, "tools") if tool_grammar is not None else (fmt, "format") if fmt else None
+        prompt_ids = await chat_prompt_ids(gateway, route.model, ollama_messages(data),
+                                           plan.tools if plan.active else None)
+        return await generate_reply(request, data, prompt_ids, route, ctx, chat=True, constraint=constraint,
+                                    tools=plan.active)
 
     @post("/generate", status_code=200, summary="Completion of a prompt (NDJSON lines unless stream is false)")
     async def generate(self, request: Request[Any, Any, Any], data: GenerateRequest) -> Response[Any]:
@@ -155,7 +208,9 @@ class OllamaController(Controller):
         if data.context:
             check_token_ids(data.context, len(gateway.llm(route.model).tokenizer), "context")
             prompt_ids = [*data.context, *prompt_ids]
-        return await generate_reply(request, data, prompt_ids, route, ctx, chat=False)
+        fmt = ollama_format_constraint(data.format)
+        return await generate_reply(request, data, prompt_ids, route, ctx, chat=False,
+                                    constraint=(fmt, "format") if fmt is not None else None)
 
     @post("/embed", status_code=200, summary="Embeddings of one or more texts")
     async def embed(self, request: Request[Any, Any, Any], data: EmbedRequest) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Ollama request bodies as msgspec Structs (responses are built as plain dicts, as Ollama sends them).
 
 Like Ollama, unknown fields and options are accepted and ignored, so Home Assistant, Open WebUI and
-the ``ollama`` package can send whatever their version sends. ``format``, ``think``, ``keep_alive``,
-``num_ctx`` and ``tools`` are accepted and have no effect: the models stay loaded, the context is the
-served one, and answers are plain text.
+the ``ollama`` package can send whatever their version sends. ``think``, ``keep_alive`` and ``num_ctx``
+are accepted and have no effect: the models stay loaded and the context is the served one. ``tools``
+and ``format`` ("json" or a JSON Schema) constrain the answer (``homeai.api.tools``, ``structured``).
 """
 
 from __future__ import annotations

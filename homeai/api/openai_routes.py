@@ -17,12 +17,12 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from homeai.api.embedding_limits import check_input_lengths
 from homeai.api.errors import BadRequest, NotFound
+from homeai.api.logprobs import chat_logprobs, completion_logprobs
+from homeai.api.openai_chat import chat_constraint, chat_logprobs_wanted, chat_message, message_dicts
 from homeai.api.openai_schemas import (
-    AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatCompletionRequest,
-    ChatMessage,
     Completion,
     CompletionChoice,
     CompletionRequest,
@@ -39,6 +39,7 @@ from homeai.api.serving import (
     Generation,
     chat_prompt_ids,
     check_token_ids,
+    compile_constraint,
     default_max_tokens,
     gateway_of,
     request_context,
@@ -47,7 +48,8 @@ from homeai.api.serving import (
     text_prompt_ids,
 )
 from homeai.api.streaming import SSE_DONE, sse_data, sse_stream
-from homeai.core.types import FinishReason, SamplingParams
+from homeai.api.tool_calls import ToolCallParser
+from homeai.core.types import Constraint, FinishReason, SamplingParams, TokenDelta, TokenLogprob
 from homeai.engine.gateway import Gateway, Route
 
 MAX_EMBEDDING_INPUTS = 2048
@@ -61,27 +63,6 @@ def documented(body: type, what: str) -> dict[int, ResponseSpec]:
             **{code: ResponseSpec(ErrorBody, description=text) for code, text in errors.items()}}
 
 
-def content_text(content: Any, field: str) -> str:
-    """Message content as text: a string, or the text parts of a list (other parts are refused)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for i, part in enumerate(content):
-        if part.type not in ("text", "input_text", "output_text") or part.text is None:
-            raise BadRequest(f"only text content is supported, got {part.type!r}", param=f"{field}[{i}]")
-        texts.append(part.text)
-    return "".join(texts)
-
-
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Chat-template messages; developer means system, tool results are shown to the model as user text."""
-    roles = {"developer": "system", "tool": "user", "function": "user"}
-    return [{"role": roles.get(m.role, m.role), "content": content_text(m.content, f"messages[{i}].content")}
-            for i, m in enumerate(messages)]
-
-
 def sampling_params(data: Any, max_tokens: int) -> SamplingParams:
     """OpenAI defaults (temperature 1, top_p 1) for whatever the request leaves out."""
     stop = [data.stop] if isinstance(data.stop, str) else list(data.stop or [])
@@ -93,8 +74,10 @@ def sampling_params(data: Any, max_tokens: int) -> SamplingParams:
         stop=[s for s in stop if s], ignore_eos=data.ignore_eos)
 
 
-def finish_reason(reason: FinishReason | None) -> str:
-    return "length" if reason == FinishReason.LENGTH else "stop"
+def finish_reason(reason: FinishReason | None, calls: bool = False) -> str:
+    if reason == FinishReason.LENGTH:
+        return "length"
+    return "tool_calls" if calls else "stop"
 
 
 def usage(gen: Generation) -> Usage:
@@ -103,8 +86,10 @@ def usage(gen: Generation) -> Usage:
 
 
 async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_tokens: int | None,
-                prompt: Any) -> Generation:
-    """Route, tokenize, queue; returns once the first token is out (or raises the HTTP error)."""
+                prompt: Any, constraint: tuple[Constraint, str] | None = None,
+                logprobs: int | None = None) -> Generation:
+    """Route, tokenize, queue; returns once the first token is out (or raises the HTTP error).
+    ``constraint``: the output's grammar and the request field it came from (named by a 400)."""
     if data.n != 1:
         raise BadRequest("only n=1 is supported", param="n")
     ctx = await request_context(request, data.user)
@@ -112,15 +97,24 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
     route = route_request(gateway, data.model, ctx, "llm")
     prompt_ids = await prompt(gateway, route)
     params = sampling_params(data, default_max_tokens(gateway, route, prompt_ids, max_tokens))
+    params.logprobs = logprobs
+    if constraint is not None:
+        await compile_constraint(gateway, route, constraint[0], constraint[1])
+        params.constraint = constraint[0]
     gen = Generation(request, route, prompt_ids, params, ctx, kind)
     await gen.open()
     return gen
 
 
-async def stream_chunks(gen: Generation, obj: str, include_usage: bool, prefix: str = "") -> AsyncIterator[bytes]:
-    """SSE for chat (``delta``) or text completions (``text``); closing it aborts the request."""
+async def stream_chunks(gen: Generation, obj: str, include_usage: bool, prefix: str = "",
+                        tools: bool = False) -> AsyncIterator[bytes]:
+    """SSE for chat (``delta``) or text completions (``text``); closing it aborts the request.
+    With ``tools``, calls stream as OpenAI streams them: index, id and name, then argument fragments."""
     created, rid = int(time.time()), ("chatcmpl-" if obj.startswith("chat") else "cmpl-") + gen.request_id
     is_chat = obj.startswith("chat")
+    tokenizer = gen.gateway.llm(gen.route.model).tokenizer
+    parser = ToolCallParser() if tools else None
+    offset = len(prefix)
 
     def chunk(choice: dict[str, Any] | None, **extra: Any) -> bytes:
         body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": gen.route.model,
@@ -129,24 +123,53 @@ async def stream_chunks(gen: Generation, obj: str, include_usage: bool, prefix: 
             body["usage"] = None
         return sse_data(body)
 
-    def piece(text: str, reason: str | None, first: bool = False) -> dict[str, Any]:
+    def piece(delta: dict[str, Any], reason: str | None = None, logprobs: list[TokenLogprob] | None = None,
+              text: str = "") -> bytes:
+        nonlocal offset
         if is_chat:
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
-        return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+            lp = chat_logprobs(logprobs, tokenizer) if logprobs else None
+            return chunk({"index": 0, "delta": delta, "finish_reason": reason, "logprobs": lp})
+        lp = completion_logprobs(logprobs, tokenizer, offset) if logprobs else None
+        offset += len(text)
+        return chunk({"index": 0, "text": text, "finish_reason": reason, "logprobs": lp})
 
-    if is_chat or prefix:
-        yield chunk(piece(prefix, None, first=True))
+    def events(delta: TokenDelta) -> list[dict[str, Any]]:
+        """The chat deltas for this token delta's text (through the tool-call parser, if any)."""
+        if parser is None:
+            return [{"content": delta.text}] if delta.text else []
+        out: list[dict[str, Any]] = []
+        for e in parser.feed(delta.text) + (parser.finish() if delta.finished else []):
+            if e.text:
+                out.append({"content": e.text})
+            elif e.call is not None and e.fragment:
+                out.append({"tool_calls": [{"index": e.call.index, "function": {"arguments": e.fragment}}]})
+            elif e.call is not None and not e.done:
+                out.append({"tool_calls": [{"index": e.call.index, "id": e.call.id, "type": "function",
+                                            "function": {"name": e.call.name, "arguments": ""}}]})
+        return out
+
+    if is_chat:
+        yield piece({"role": "assistant", "content": ""})
+    elif prefix:
+        yield piece({}, text=prefix)
     async with aclosing(gen.deltas()) as deltas:
         async for delta in deltas:
             if delta.error:
                 yield sse_data({"error": {"message": delta.error, "type": "server_error", "param": None,
                                           "code": "engine_error"}})
                 return
-            if delta.text:
-                yield chunk(piece(delta.text, None))
+            logprobs = delta.logprobs or None
+            if is_chat:
+                for body in events(delta):
+                    yield piece(body, logprobs=logprobs)
+                    logprobs = None  # a delta's logprobs ride on its first chunk
+                if logprobs:
+                    yield piece({}, logprobs=logprobs)
+            elif delta.text or logprobs:
+                yield piece({}, logprobs=logprobs, text=delta.text)
             if delta.finished:
-                yield chunk(piece("", finish_reason(delta.finish_reason)))
+                calls = bool(parser and parser.calls)
+                yield piece({}, finish_reason(delta.finish_reason, calls))
     if include_usage:
         yield chunk(None, usage=usage(gen))
     yield SSE_DONE
@@ -162,16 +185,21 @@ class OpenAIController(Controller):
           responses=documented(ChatCompletion, "the completion; with stream, SSE chunks and data: [DONE]"))
     async def chat_completions(self, request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[Any]:
         messages = message_dicts(data.messages)
+        plan, constraint = chat_constraint(data)
+        logprobs = chat_logprobs_wanted(data)
 
         async def prompt(gateway: Gateway, route: Route) -> list[int]:
-            return await chat_prompt_ids(gateway, route.model, messages)
+            return await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
 
-        gen = await start(request, data, "chat", data.max_completion_tokens or data.max_tokens, prompt)
+        gen = await start(request, data, "chat", data.max_completion_tokens or data.max_tokens, prompt,
+                          constraint, logprobs)
         if data.stream:
             include = bool(data.stream_options and data.stream_options.include_usage)
-            return sse_stream(stream_chunks(gen, "chat.completion.chunk", include))
+            return sse_stream(stream_chunks(gen, "chat.completion.chunk", include, tools=plan.active))
         text, reason = await gen.collect()
-        choice = ChatChoice(0, AssistantMessage(text), finish_reason(reason))
+        message, called = chat_message(text, plan.active)
+        lp = chat_logprobs(gen.logprobs, gen.gateway.llm(gen.route.model).tokenizer) if logprobs is not None else None
+        choice = ChatChoice(0, message, finish_reason(reason, called), lp)
         return Response(ChatCompletion("chatcmpl-" + gen.request_id, int(time.time()), gen.route.model,
                                        [choice], usage(gen)))
 
@@ -189,13 +217,15 @@ class OpenAIController(Controller):
                 return list(raw)
             raise BadRequest("prompt must be a string or a list of token ids (one prompt: n=1)", param="prompt")
 
-        gen = await start(request, data, "completion", data.max_tokens, prompt)
+        gen = await start(request, data, "completion", data.max_tokens, prompt, logprobs=data.logprobs)
         echo = data.prompt if data.echo and isinstance(data.prompt, str) else ""
         if data.stream:
             include = bool(data.stream_options and data.stream_options.include_usage)
             return sse_stream(stream_chunks(gen, "text_completion", include, prefix=echo))
         text, reason = await gen.collect()
-        choice = CompletionChoice(0, echo + text, finish_reason(reason))
+        tokenizer = gen.gateway.llm(gen.route.model).tokenizer
+        lp = completion_logprobs(gen.logprobs, tokenizer, len(echo)) if data.logprobs is not None else None
+        choice = CompletionChoice(0, echo + text, finish_reason(reason), lp)
         return Response(Completion("cmpl-" + gen.request_id, int(time.time()), gen.route.model, [choice],
                                    usage(gen)))
 

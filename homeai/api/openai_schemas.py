@@ -71,9 +71,10 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None  # accepted; we answer in plain text
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # function tools (homeai.api.tools)
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (always strict)
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -98,7 +99,7 @@ class Usage(Struct):
 
 
 class AssistantMessage(Struct):
-    content: str
+    content: str | None
     role: str = "assistant"
     tool_calls: list[dict[str, Any]] | None = None
 
@@ -178,7 +179,7 @@ class ResponsesRequest(Struct, kw_only=True):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     user: str | None = None
-    tools: list[dict[str, Any]] | None = None  # accepted; we answer in plain text
+    tools: list[dict[str, Any]] | None = None  # function tools (homeai.api.tools)
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None

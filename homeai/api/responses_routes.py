@@ -1,12 +1,15 @@
 """POST /v1/responses: OpenAI's Responses API, which Home Assistant's OpenAI integration speaks.
 
 Stateless: ``previous_response_id`` and ``store`` are accepted, nothing is stored, and each call sends
-its whole conversation as ``input``. Tools are accepted and never called: the answer is plain text.
+its whole conversation as ``input``. Function tools are called as in chat completions
+(``homeai.api.tools``): each call is a ``function_call`` output item, and ``function_call_output`` input
+items bring the results back. ``text.format`` json_object / json_schema constrain the text.
 Streaming sends the typed events (``response.created`` ... ``response.completed``) the SDK expects.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -17,9 +20,13 @@ from litestar import Controller, Request, Response, post
 from homeai.api.errors import BadRequest
 from homeai.api.openai_routes import start
 from homeai.api.openai_schemas import ResponsesRequest
+from homeai.api.responses_output import OutputItems
 from homeai.api.serving import Generation, chat_prompt_ids
 from homeai.api.streaming import sse_data, sse_stream
-from homeai.core.types import FinishReason
+from homeai.api.structured import text_format_constraint
+from homeai.api.tool_calls import ToolCallParser
+from homeai.api.tools import ToolPlan, assistant_calls_message, parse_tools, plan_tools, tool_result_message
+from homeai.core.types import Constraint, FinishReason
 from homeai.engine.gateway import Gateway, Route
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
@@ -39,55 +46,75 @@ def _item_text(content: Any, field: str) -> str:
 
 
 def input_messages(data: ResponsesRequest) -> list[dict[str, str]]:
-    """``instructions`` + ``input`` as chat-template messages; tool calls and results become text."""
+    """``instructions`` + ``input`` as chat-template messages; calls and their outputs as the model
+    writes and reads them (consecutive calls form one assistant turn)."""
     messages = [{"role": "system", "content": data.instructions}] if data.instructions else []
     if isinstance(data.input, str):
         return [*messages, {"role": "user", "content": data.input}]
+    calls: list[tuple[str, Any]] = []
     for i, item in enumerate(data.input):
         kind = item.get("type", "message")
+        if kind == "function_call":
+            if not isinstance(item.get("name"), str):
+                raise BadRequest("a function_call needs a name", param=f"input[{i}].name")
+            calls.append((item["name"], item.get("arguments") or "{}"))
+            continue
+        if calls:
+            messages.append(assistant_calls_message("", calls))
+            calls = []
         if kind == "message" and item.get("role") in _ROLES:
             text = _item_text(item.get("content", ""), f"input[{i}].content")
             messages.append({"role": _ROLES[item["role"]], "content": text})
-        elif kind == "function_call":
-            messages.append({"role": "assistant", "content": f"[called {item.get('name')}({item.get('arguments')})]"})
         elif kind == "function_call_output":
-            messages.append({"role": "user", "content": f"[tool result] {item.get('output', '')}"})
+            output = item.get("output", "")
+            messages.append(tool_result_message(output if isinstance(output, str) else json.dumps(output)))
         elif kind == "message":
             raise BadRequest(f"unknown role {item.get('role')!r}", param=f"input[{i}].role")
         # other items (reasoning, web search calls...) carry nothing our models can use
+    if calls:
+        messages.append(assistant_calls_message("", calls))
     if not any(m["role"] == "user" for m in messages):
         raise BadRequest("input has no user message", param="input")
     return messages
 
 
-class _Reply:
-    """Builds the response object and its output message as the SDK parses them."""
+def response_constraint(data: ResponsesRequest) -> tuple[ToolPlan, tuple[Constraint, str] | None]:
+    """Function tools, or a text format (not both: a call is no JSON document of that shape)."""
+    plan = plan_tools(parse_tools(data.tools), data.tool_choice, data.parallel_tool_calls)
+    fmt = text_format_constraint((data.text or {}).get("format"))
+    if plan.active and fmt is not None:
+        raise BadRequest("text.format cannot be combined with callable tools", param="text.format")
+    tool_grammar = plan.constraint()
+    if tool_grammar is not None:
+        return plan, (tool_grammar, "tools")
+    return plan, (fmt, "text.format") if fmt is not None else None
 
-    def __init__(self, gen: Generation, data: ResponsesRequest) -> None:
-        self.gen, self.data = gen, data
-        self.id, self.message_id = "resp_" + gen.request_id, "msg_" + gen.request_id
+
+class _Reply:
+    """The response object as the SDK parses it, around the output items."""
+
+    def __init__(self, gen: Generation, data: ResponsesRequest, plan: ToolPlan) -> None:
+        self.gen, self.data, self.plan = gen, data, plan
+        self.id = "resp_" + gen.request_id
         self.created_at = int(time.time())
 
-    def message(self, text: str, status: str) -> dict[str, Any]:
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        content = [] if status == "in_progress" else [part]
-        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
-
-    def body(self, text: str | None, reason: FinishReason | None) -> dict[str, Any]:
+    def body(self, output: list[dict[str, Any]] | None, reason: FinishReason | None) -> dict[str, Any]:
         incomplete = reason == FinishReason.LENGTH
-        status = "in_progress" if text is None else "incomplete" if incomplete else "completed"
+        status = "in_progress" if output is None else "incomplete" if incomplete else "completed"
         n_in, n_out = len(self.gen.prompt_ids), self.gen.num_output_tokens
         data = self.data
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "model": self.gen.route.model, "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete and text is not None else None,
-            "instructions": data.instructions, "metadata": data.metadata or {},
-            "output": [] if text is None else [self.message(text, "incomplete" if incomplete else "completed")],
-            "parallel_tool_calls": bool(data.parallel_tool_calls), "tool_choice": "auto", "tools": [],
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete and output is not None else None,
+            "instructions": data.instructions, "metadata": data.metadata or {}, "output": output or [],
+            "parallel_tool_calls": self.plan.parallel, "tool_choice": data.tool_choice or "auto",
+            "tools": [{"type": "function", "name": t.name, "description": t.description,
+                       "parameters": t.parameters, "strict": True} for t in self.plan.tools],
             "temperature": data.temperature, "top_p": data.top_p, "max_output_tokens": data.max_output_tokens,
-            "previous_response_id": data.previous_response_id, "store": False, "text": {"format": {"type": "text"}},
-            "usage": None if text is None else {
+            "previous_response_id": data.previous_response_id, "store": False,
+            "text": data.text or {"format": {"type": "text"}},
+            "usage": None if output is None else {
                 "input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
         }
@@ -101,12 +128,9 @@ async def response_events(gen: Generation, reply: _Reply) -> AsyncIterator[bytes
         seq += 1
         return sse_data({"type": kind, "sequence_number": seq - 1, **fields}, event=kind)
 
-    where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
     yield event("response.created", response=reply.body(None, None))
     yield event("response.in_progress", response=reply.body(None, None))
-    yield event("response.output_item.added", output_index=0, item=reply.message("", "in_progress"))
-    yield event("response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []})
-    parts: list[str] = []
+    items = OutputItems(gen.request_id, ToolCallParser() if reply.plan.active else None)
     reason: FinishReason | None = None
     async with aclosing(gen.deltas()) as deltas:
         async for delta in deltas:
@@ -116,16 +140,10 @@ async def response_events(gen: Generation, reply: _Reply) -> AsyncIterator[bytes
                           "error": {"code": "server_error", "message": delta.error}}
                 yield event("response.failed", response=failed)
                 return
-            if delta.text:
-                parts.append(delta.text)
-                yield event("response.output_text.delta", **where, delta=delta.text, logprobs=[])
+            for kind, fields in items.feed(delta.text, delta.finished):
+                yield event(kind, **fields)
             reason = delta.finish_reason
-    text = "".join(parts)
-    yield event("response.output_text.done", **where, text=text, logprobs=[])
-    yield event("response.content_part.done", **where,
-                part={"type": "output_text", "text": text, "annotations": [], "logprobs": []})
-    final = reply.body(text, reason)
-    yield event("response.output_item.done", output_index=0, item=final["output"][0])
+    final = reply.body(items.output(reason), reason)
     done = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
     yield event(done, response=final)
 
@@ -137,16 +155,19 @@ class ResponsesController(Controller):
     @post("/responses", status_code=200, summary="Responses API (typed SSE events when stream is true)")
     async def responses(self, request: Request[Any, Any, Any], data: ResponsesRequest) -> Response[Any]:
         messages = input_messages(data)
+        plan, constraint = response_constraint(data)
 
         async def prompt(gateway: Gateway, route: Route) -> list[int]:
-            return await chat_prompt_ids(gateway, route.model, messages)
+            return await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
 
-        gen = await start(request, _AsSampling(data), "responses", data.max_output_tokens, prompt)
-        reply = _Reply(gen, data)
+        gen = await start(request, _AsSampling(data), "responses", data.max_output_tokens, prompt, constraint)
+        reply = _Reply(gen, data, plan)
         if data.stream:
             return sse_stream(response_events(gen, reply))
         text, reason = await gen.collect()
-        return Response(reply.body(text, reason))
+        items = OutputItems(gen.request_id, ToolCallParser() if plan.active else None)
+        items.feed(text, True)
+        return Response(reply.body(items.output(reason), reason))
 
 
 class _AsSampling:

@@ -21,9 +21,12 @@ from litestar import Request
 
 from homeai.api.errors import ApiError, BadRequest, ServiceUnavailable, to_api_error
 from homeai.api.streaming import until_disconnect
-from homeai.core.types import FinishReason, SamplingParams, TokenDelta
+from homeai.api.tools import ToolSpec, with_tools_prompt
+from homeai.core.types import Constraint, FinishReason, SamplingParams, TokenDelta, TokenLogprob
+from homeai.engine.builder import template_has_tools
 from homeai.engine.embed_service import EmbedResult
 from homeai.engine.gateway import Gateway, Route
+from homeai.engine.llm_engine import RequestError
 from homeai.engine.metering import outcome_of_delta
 
 log = logging.getLogger(__name__)
@@ -113,6 +116,7 @@ class Generation:
         self.route, self.prompt_ids, self.params, self.ctx, self.kind = route, prompt_ids, params, ctx, kind
         self.request_id = uuid.uuid4().hex
         self.num_output_tokens = 0
+        self.logprobs: list[TokenLogprob] = []  # every token's, when the params ask for them
         self._first: TokenDelta | None = None
         self._iterator: AsyncIterator[TokenDelta] | None = None
 
@@ -164,6 +168,7 @@ class Generation:
 
     def _count(self, delta: TokenDelta) -> None:
         self.num_output_tokens += len(delta.token_ids)
+        self.logprobs += delta.logprobs
 
 
 async def run_embedding(request: Request[Any, Any, Any], route: Route, inputs: list[str] | list[list[int]],
@@ -184,12 +189,27 @@ async def run_embedding(request: Request[Any, Any, Any], route: Route, inputs: l
         raise to_api_error(exc) from None
 
 
-async def chat_prompt_ids(gateway: Gateway, model: str, messages: list[dict[str, Any]]) -> list[int]:
-    """The model's own chat template, applied off the event loop (long prompts take milliseconds)."""
+async def chat_prompt_ids(gateway: Gateway, model: str, messages: list[dict[str, Any]],
+                          tools: list[ToolSpec] | None = None) -> list[int]:
+    """The model's own chat template, applied off the event loop (long prompts take milliseconds).
+    Tools go through the template when it has a tools section, else into the system message."""
+    if tools and not template_has_tools(gateway.llm(model).tokenizer):
+        messages, tools = with_tools_prompt(messages, tools), None
+    definitions = [t.as_openai() for t in tools] if tools else None
     try:
-        return await asyncio.to_thread(gateway.chat_prompt, model, messages)
+        return await asyncio.to_thread(gateway.chat_prompt, model, messages, definitions)
     except Exception as exc:  # the template refused these messages (say, roles out of order)
         raise BadRequest(f"cannot apply the chat template: {exc}", param="messages") from exc
+
+
+async def compile_constraint(gateway: Gateway, route: Route, constraint: Constraint | None, field: str) -> None:
+    """Compile a request's grammar on a worker thread before it is queued; a bad schema is a 400 on ``field``."""
+    if constraint is None:
+        return
+    try:
+        await gateway.llm(route.model).compile_constraint(constraint)
+    except RequestError as exc:
+        raise BadRequest(str(exc), param=field) from exc
 
 
 async def text_prompt_ids(gateway: Gateway, model: str, text: str) -> list[int]:

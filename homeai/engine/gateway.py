@@ -160,8 +160,9 @@ class Gateway:
         return engine
 
     # ---- requests --------------------------------------------------------------------------------
-    def chat_prompt(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
-        return chat_prompt_ids(self.llm(model).tokenizer, messages)
+    def chat_prompt(self, model: str, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return chat_prompt_ids(self.llm(model).tokenizer, messages, tools)
 
     def encode(self, model: str, text: str) -> list[int]:
         return list(self.llm(model).tokenizer.encode(text, add_special_tokens=False))

@@ -69,7 +69,8 @@ def test_chat_messages_and_sampling_defaults() -> None:
                                b'{"role": "tool", "content": "42"}], "stop": "x"}', type=ChatCompletionRequest)
     assert message_dicts(data.messages) == [{"role": "system", "content": "be brief"},
                                             {"role": "user", "content": "hi there"},
-                                            {"role": "assistant", "content": ""}, {"role": "user", "content": "42"}]
+                                            {"role": "assistant", "content": ""},
+                                            {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}]
     params = sampling_params(data, 16)
     assert (params.temperature, params.top_p, params.stop, params.max_tokens) == (1.0, 1.0, ["x"], 16)
     image = msgspec.json.decode(b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',

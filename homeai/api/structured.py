@@ -1,0 +1,56 @@
+"""Structured output as the clients ask for it: OpenAI ``response_format`` and Ollama ``format``, turned
+into the engine's grammar constraint. Anything we cannot honour is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from homeai.api.errors import BadRequest
+from homeai.core.types import Constraint, ConstraintKind
+
+JSON_OBJECT = Constraint(ConstraintKind.JSON_OBJECT)
+
+
+def schema_constraint(schema: Any, field: str) -> Constraint:
+    if not isinstance(schema, dict | bool):
+        raise BadRequest("a JSON Schema must be an object", param=field)
+    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True))
+
+
+def response_format_constraint(fmt: dict[str, Any] | None, field: str = "response_format") -> Constraint | None:
+    """OpenAI chat ``response_format``: text (no constraint), json_object, or json_schema (always strict)."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise BadRequest("json_schema needs a 'schema'", param=f"{field}.json_schema.schema")
+        return schema_constraint(spec["schema"], f"{field}.json_schema.schema")
+    raise BadRequest(f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                     param=f"{field}.type")
+
+
+def text_format_constraint(fmt: dict[str, Any] | None, field: str = "text.format") -> Constraint | None:
+    """Responses API ``text.format``: like ``response_format`` with the schema beside the type."""
+    if fmt is None or fmt.get("type") != "json_schema":
+        return response_format_constraint(fmt, field)
+    if "schema" not in fmt:
+        raise BadRequest("json_schema needs a 'schema'", param=f"{field}.schema")
+    return schema_constraint(fmt["schema"], f"{field}.schema")
+
+
+def ollama_format_constraint(fmt: Any, field: str = "format") -> Constraint | None:
+    """Ollama ``format``: "json" (a JSON object) or a JSON Schema; empty means plain text."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return JSON_OBJECT
+    if isinstance(fmt, dict):
+        return schema_constraint(fmt, field)
+    raise BadRequest(f"format must be \"json\" or a JSON Schema, got {fmt!r}", param=field)

@@ -1,0 +1,145 @@
+"""Function tools, the same for OpenAI chat, Responses and Ollama: what the model is told, what it may emit.
+
+A call is written ``<tool_call>{"name": "<function>", "arguments": {...}}</tool_call>`` (the Hermes /
+Qwen format that SmolLM2 and most small models learnt). A model whose chat template has a tools section
+gets the tools through its template; any other template gets ``TOOLS_SYSTEM_PROMPT`` in the system
+message. Earlier calls and tool results are written back in the same format (results inside
+``<tool_response>`` in a user turn), so every template can show them.
+
+Calls are enforced by a grammar (xgrammar's structural tag): with ``tool_choice`` "required" or a
+named function the answer is one call (several with ``parallel_tool_calls``) to an allowed function
+whose arguments validate against its JSON Schema; with "auto" the model may write text, and a call it
+starts is held to the same grammar. "none" hides the tools from the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from homeai.api.errors import BadRequest
+from homeai.core.types import Constraint, ConstraintKind
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CALL_HEAD = '<tool_call>{"name": "%s", "arguments": '
+TOOLS_SYSTEM_PROMPT = (
+    "You can call functions. Their signatures are JSON inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n"
+    "To call a function, answer with a JSON object holding its name and arguments inside "
+    "<tool_call></tool_call> tags, exactly like this:\n"
+    '<tool_call>{{"name": "<function-name>", "arguments": <arguments-json-object>}}</tool_call>\n'
+    "A function's result comes back to you inside <tool_response></tool_response>."
+)
+ToolMode = Literal["none", "auto", "required"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What a request asks of tools: the tools the model sees, those it may call, and whether it must."""
+
+    tools: list[ToolSpec]
+    mode: ToolMode
+    allowed: list[ToolSpec]
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none" and bool(self.allowed)
+
+    def constraint(self) -> Constraint | None:
+        """The grammar of the answer: calls only (required), or text with constrained calls (auto)."""
+        if not self.active:
+            return None
+        tags = [{"begin": CALL_HEAD % t.name, "content": {"type": "json_schema", "json_schema": t.parameters},
+                 "end": "}" + CALL_CLOSE} for t in self.allowed]
+        fmt: dict[str, Any] = {"tags": tags, "at_least_one": True, "stop_after_first": not self.parallel}
+        if self.mode == "required":  # calls and nothing else (a newline between two), then the end
+            fmt |= {"type": "tags_with_separator", "separator": "\n"}
+        else:  # text, and a call once the model writes <tool_call>
+            fmt |= {"type": "triggered_tags", "triggers": [CALL_OPEN], "at_least_one": False}
+        return Constraint(ConstraintKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt},
+                                                                    sort_keys=True))
+
+
+def parse_tools(raw: list[dict[str, Any]] | None, field_name: str = "tools") -> list[ToolSpec]:
+    """OpenAI chat / Ollama (``{"type": "function", "function": {...}}``) or Responses (flat) tools."""
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(raw or []):
+        where = f"{field_name}[{i}]"
+        kind = tool.get("type", "function") if isinstance(tool, dict) else repr(tool)
+        if kind != "function":
+            raise BadRequest(f"only function tools are supported, got {kind!r}", param=f"{where}.type")
+        fn = tool.get("function", tool)
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name or '"' in name or "\\" in name:
+            raise BadRequest("a function tool needs a name (no quotes or backslashes)", param=f"{where}.function.name")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise BadRequest("parameters must be a JSON Schema object", param=f"{where}.function.parameters")
+        specs.append(ToolSpec(name, str(fn.get("description") or ""), params))
+    if len({s.name for s in specs}) != len(specs):
+        raise BadRequest("two tools share a name", param=field_name)
+    return specs
+
+
+def plan_tools(tools: list[ToolSpec], choice: Any, parallel: bool | None, field_name: str = "tool_choice") -> ToolPlan:
+    """Resolve ``tool_choice`` (none / auto / required / a named function) against the tools."""
+    parallel = True if parallel is None else parallel
+    if choice is None:
+        return ToolPlan(tools, "auto" if tools else "none", tools, parallel)
+    if choice in ("none", "auto", "required"):
+        if choice == "required" and not tools:
+            raise BadRequest("tool_choice 'required' needs tools", param=field_name)
+        return ToolPlan(tools, choice, tools, parallel)
+    name = None
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+    if not isinstance(name, str):
+        raise BadRequest("tool_choice must be none, auto, required or a function by name", param=field_name)
+    named = [t for t in tools if t.name == name]
+    if not named:
+        raise BadRequest(f"tool_choice names {name!r}, which is not among the tools", param=field_name)
+    return ToolPlan(tools, "required", named, parallel)
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """A call as the model writes it (``arguments``: an object or its JSON text)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return (CALL_HEAD % name) + args + "}" + CALL_CLOSE
+
+
+def tools_system_prompt(tools: list[ToolSpec]) -> str:
+    return TOOLS_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t.as_openai()) for t in tools))
+
+
+def with_tools_prompt(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    """Messages for a template without a tools section: the tools go first in the system message."""
+    if not tools:
+        return messages
+    prompt = tools_system_prompt(tools)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + prompt}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def tool_result_message(content: str) -> dict[str, str]:
+    """A tool's result, as a user turn every template accepts."""
+    return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+
+
+def assistant_calls_message(content: str, calls: list[tuple[str, Any]]) -> dict[str, str]:
+    """An earlier assistant turn with its calls written back as the model wrote them."""
+    text = "".join(call_text(name, args) for name, args in calls)
+    return {"role": "assistant", "content": (content + "\n" if content else "") + text}
