@@ -223,6 +223,7 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
                 log(_line(row))
     finally:
         engine.shutdown()
+    out.update(speed_figures(folder, cfg, log))
     out["bandwidth_bound_tok_s"] = machine["bandwidth_gb_s"] * 1e9 / weight_bytes
     out["gemm_bound_tok_s"] = machine["gemm_gflop_s"] * 1e9 / (2 * num_params)
     best = max(r["ours"]["tok_s"] for r in out["configs"] if r["workload"] == "uniform")
@@ -230,6 +231,16 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     out["single_stream_of_bandwidth_bound"] = out["single_stream_tok_s"] / out["bandwidth_bound_tok_s"]
     out["batched_of_gemm_bound"] = best / out["gemm_bound_tok_s"]
     return out
+
+
+def speed_figures(folder: Path, cfg: BenchConfig, log: Any) -> dict[str, Any]:
+    """float32 and int8 weights side by side (homeai.bench.speed_bench): single_stream_bw_ratio,
+    int8_over_fp32_single, idle_ttft_ms (int8, 46-token prompt); the per-format rows under "speed"."""
+    from homeai.bench.speed_bench import headline, run_speed
+
+    steps = 8 if cfg.probe_mb < 1024 else 32  # --quick: a smoke run
+    speed = run_speed(folder, torch.device("cpu"), torch.float32, ["none", "int8"], [1, 16], steps, log)
+    return {**headline(speed), "speed": speed}
 
 
 def _line(row: dict[str, Any]) -> str:

@@ -36,6 +36,9 @@ def add_bench_commands(subparsers: Any) -> None:
     p = kinds.add_parser("calibrate", help="fit the simulator's cost model on this machine's real runtime")
     add_calibrate_arguments(p)
     p.set_defaults(func=run_calibrate)
+    from homeai.cli.speed_cmd import add_speed_commands
+
+    add_speed_commands(kinds)
     p = kinds.add_parser("prefix", help="prefix caching: warm vs cold TTFT of a long system prompt, a voice trace")
     add_prefix_arguments(p)
     p.set_defaults(func=run_prefix)
