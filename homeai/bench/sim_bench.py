@@ -1,4 +1,5 @@
-"""`homeai bench sim`: the household mix on virtual time under FIFO, single-queue priority and ours."""
+"""`homeai bench sim`: the household mix on virtual time under FIFO, single-queue priority and ours;
+``--trace all`` (or one trace's name): issue 9's acceptance figures over every trace (``sim.acceptance``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from homeai.policy.loader import load_policy
+from homeai.sim.acceptance import ACCEPTANCE_TRACES, acceptance
 from homeai.sim.cost_model import PROFILES, resolve_profile
 from homeai.sim.household import compare
 
@@ -14,7 +17,10 @@ DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yam
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default="household", choices=["household"])
+    p.add_argument("--trace", default="household", choices=["household", "all", *ACCEPTANCE_TRACES[1:]],
+                   help="household: ours vs FIFO and priority; all or a trace name: the acceptance figures "
+                        "(voice TTFT p99 vs the same trace without background, ITL vs target, lost requests, "
+                        "background service vs its min_share)")
     p.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
     p.add_argument("--profile", default="gpu-8b",
                    help=f"cost model: {', '.join(sorted(PROFILES))} or a JSON file from `homeai bench calibrate`")
@@ -47,7 +53,27 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{_fmt(c['itl_p99_s']):>8} {c['tokens_per_s']:>9.0f} {c['completed']:>6} {c['rejections']:>5}")
 
 
+def print_acceptance(report: dict[str, Any]) -> None:
+    print(f"acceptance traces, {report['horizon_s']:.0f} s per run, device: {report['profile']}")
+    print(f"{'trace':<34} {'ttft p99/idle':>13} {'itl p99/target':>14} {'lost':>5}  background got/entitled")
+    for name, t in report["traces"].items():
+        bg = " ".join(f"{c}={_num(b['entitlement_ratio'])}" for c, b in t["background"].items())
+        print(f"{name:<34} {_num(t['voice_ttft_p99_ratio']):>13} {_num(t['voice_itl_p99_over_target']):>14} "
+              f"{t['lost_requests']:>5}  {bg}")
+    print(f"worst: ttft ratio {_num(report['worst_voice_ttft_p99_ratio'])}, itl/target "
+          f"{_num(report['worst_voice_itl_p99_over_target'])}, lost {report['lost_requests']}, background "
+          f"{_num(report['worst_background_entitlement_ratio'])}")
+
+
 def run_sim(args: argparse.Namespace) -> int:
+    if args.trace != "household":
+        traces = ACCEPTANCE_TRACES if args.trace == "all" else (args.trace,)
+        result = acceptance(load_policy(args.policy), resolve_profile(args.profile), traces, args.horizon, args.seed)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print_acceptance(result)
+        return 0
     report = compare(args.policy, resolve_profile(args.profile), args.horizon, args.seed)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -242,12 +242,12 @@ class ClassScheduler(StepScheduler):
 
     def _background_limit(self, state: LLMClassState) -> int | None:
         """While interactive classes are active, a background class's prompt chunks together stay small
-        (its min_share of the maximum budget, at least BACKGROUND_CHUNK_TOKENS, its share pass
+        (its min_share of this step's budget, at least BACKGROUND_CHUNK_TOKENS, its share pass
         included): every token a step takes lengthens the wait of the next voice request, and idle
         capacity is not what an active house has. A quiet house gives background the whole budget."""
         if not state.policy.background or not self._interactive_now:
             return None
-        cap = max(BACKGROUND_CHUNK_TOKENS, int(self.max_num_batched_tokens * state.policy.min_share))
+        cap = max(BACKGROUND_CHUNK_TOKENS, int(self._budget * state.policy.min_share))
         return max(0, cap - self._share_used.get(state.name, 0))
 
     def _room(self, plan: StepPlan) -> int:

@@ -21,6 +21,7 @@ from homeai.scheduling.class_queue import QueuedItem, QueueFullError
 from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.clock import VirtualClock
 from homeai.scheduling.device import run_once
+from homeai.scheduling.step_budget import StepCostModel
 from homeai.sim.cost_model import CostModel
 from homeai.sim.trace import TraceRequest
 
@@ -32,6 +33,7 @@ Mapping = Callable[[TraceRequest], tuple[str, int | None, str]]
 @dataclass(slots=True)
 class RequestRecord:
     req: TraceRequest
+    rid: str = ""
     first_s: float | None = None
     token_times: list[float] = field(default_factory=list)
     done_s: float | None = None
@@ -47,6 +49,14 @@ class SimResult:
     num_llm_steps: int = 0
     num_embed_batches: int = 0
     num_preemptions: int = 0
+    busy_s: dict[str, float] = field(default_factory=dict)  # class -> device seconds (steps split by tokens)
+    in_flight: set[str] = field(default_factory=set)  # request ids still queued or running at the horizon
+
+    @property
+    def lost(self) -> list[RequestRecord]:
+        """Requests that neither ended (finished, rejected, timed out) nor are still queued or running:
+        they vanished, and their clients would wait forever."""
+        return [r for r in self.records if r.done_s is None and r.rejected is None and r.rid not in self.in_flight]
 
 
 class Simulator:
@@ -56,11 +66,14 @@ class Simulator:
         self.cost = cost
         self.mapping = mapping
         self.block_manager = BlockManager(num_kv_blocks, block_size)
-        self.scheduler = ClassScheduler(self.block_manager, policy, self.clock)
+        # The planner's step-cost model starts from the profile, as `homeai bench calibrate` seeds a server.
+        seed = StepCostModel(cost.base_s, cost.per_token_s + cost.per_seq_s)
+        self.scheduler = ClassScheduler(self.block_manager, policy, self.clock, step_cost=seed)
         self.batcher = Batcher(policy, self.scheduler, self.clock)
         self._ids = itertools.count()
         self.records: dict[str, RequestRecord] = {}
         self.processed: dict[str, int] = {}
+        self.busy_s: dict[str, float] = {}
         # Background jobs are closed-loop clients (as the job runner is): at most this many requests of
         # each background class outstanding; the next goes in when one completes.
         self.background_concurrency = background_concurrency
@@ -72,7 +85,7 @@ class Simulator:
 
     def _submit(self, req: TraceRequest) -> None:
         rid = f"r{next(self._ids)}"
-        rec = self.records[rid] = RequestRecord(req)
+        rec = self.records[rid] = RequestRecord(req, rid)
         cls, level, user = self.mapping(req)
         try:
             if req.kind == "llm":
@@ -93,7 +106,8 @@ class Simulator:
 
     def _refill_background(self, now: float) -> None:
         for cls, backlog in self._backlog.items():
-            while backlog and self._outstanding.get(cls, 0) < self.background_concurrency:
+            while backlog and backlog[-1].arrival_s <= now \
+                    and self._outstanding.get(cls, 0) < self.background_concurrency:
                 req = backlog.pop()
                 req.arrival_s = max(req.arrival_s, now)
                 self._outstanding[cls] = self._outstanding.get(cls, 0) + 1
@@ -119,10 +133,13 @@ class Simulator:
             # horizon past work that is ready now: run_once would have run it).
             now = self.clock.now()
             arrival = self._pending[self._next].arrival_s if self._next < len(self._pending) else None
-            wake = [t for t in (arrival, self.batcher.next_wake_s(after=now)) if t is not None and t > now]
+            later = [b[-1].arrival_s for b in self._backlog.values() if b]  # a background job that starts later
+            wake = [t for t in (arrival, self.batcher.next_wake_s(after=now), *later) if t is not None and t > now]
             self.clock.set(min([*wake, horizon_s]))
+        in_flight = {seq.request_id for seq in self.scheduler.seqs.values()}
+        in_flight |= {item.payload[0] for q in self.batcher.embed_queues.values() for item in q}
         return SimResult(list(self.records.values()), horizon_s, dict(self.processed), self._steps,
-                         self._batches, self.scheduler.num_preemptions)
+                         self._batches, self.scheduler.num_preemptions, dict(self.busy_s), in_flight)
 
     # ---- the Device protocol (homeai.scheduling.device): a cost model instead of an accelerator ----
     def apply_inbox(self) -> None:
@@ -151,10 +168,12 @@ class Simulator:
             return False
         seqs = self.scheduler.seqs
         ctx = sum(c.start + c.num_tokens for c in plan.chunks)
-        self.clock.advance(self.cost.llm_step_s(plan.num_tokens, len(plan.chunks), ctx))
+        step_s = self.cost.llm_step_s(plan.num_tokens, len(plan.chunks), ctx)
+        self.clock.advance(step_s)
         for c in plan.chunks:
             trace_cls = self.records[seqs[c.seq_id].request_id].req.class_name
             self.processed[trace_cls] = self.processed.get(trace_cls, 0) + c.num_tokens
+            self.busy_s[trace_cls] = self.busy_s.get(trace_cls, 0.0) + step_s * c.num_tokens / plan.num_tokens
         output = StepOutput(sampled={c.seq_id: FAKE_TOKEN for c in plan.chunks if c.sample})
         now = self.clock.now()
         for seq in self.scheduler.update(plan, output):
@@ -169,11 +188,13 @@ class Simulator:
 
     def _embed_batch(self, work: EmbedWork) -> None:
         tokens = sum(item.payload[1] for item in work.items)
-        self.clock.advance(self.cost.embed_batch_s(tokens))
+        batch_s = self.cost.embed_batch_s(tokens)
+        self.clock.advance(batch_s)
         now = self.clock.now()
         for item in work.items:
             rid, n, trace_cls = item.payload
             self.processed[trace_cls] = self.processed.get(trace_cls, 0) + n
+            self.busy_s[trace_cls] = self.busy_s.get(trace_cls, 0.0) + batch_s * n / max(1, tokens)
             rec = self.records[rid]
             rec.inputs_left -= 1
             if rec.inputs_left == 0:

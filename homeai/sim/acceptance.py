@@ -1,0 +1,108 @@
+"""Issue 9's acceptance figures, trace by trace, on virtual time with our policy.
+
+Each trace runs twice: with its background work and without it (the "idle" run). Per trace:
+
+- ``voice_ttft_p99_ratio``: voice TTFT p99 with background / without (1.0: background costs voice nothing);
+- ``voice_itl_p99_over_target``: voice ITL p99 / the voice class's ITL target;
+- ``lost_requests``: requests that neither ended (finished, rejected, timed out) nor are still queued or
+  running at the horizon, in both runs;
+- ``background``: per background class with a ``min_share``, what it got against its entitlement while it
+  had work (from its first arrival to the horizon, or to its last completion if it ran dry). An
+  embedding class is entitled to min_share of the device's time, an LLM class to min_share of the LLM
+  steps' tokens; neither to more than its demand. ``entitlement_ratio`` >= 1 means the share held.
+
+The top level keeps the worst of each over the traces.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from homeai.policy.schema import Policy
+from homeai.sim.cost_model import CostModel
+from homeai.sim.household import class_figures, ours_mapping
+from homeai.sim.simulator import SimResult, Simulator
+from homeai.sim.trace import TRACES, TraceRequest
+
+ACCEPTANCE_TRACES = ("household", "cold-background", "index-start", "long-chat-prompts",
+                     "search-during-background-window")
+
+
+def _run(policy: Policy, cost: CostModel, trace: list[TraceRequest], horizon_s: float, kv_blocks: int) -> SimResult:
+    return Simulator(copy.deepcopy(policy), cost, ours_mapping, kv_blocks).run(trace, horizon_s)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def background_figures(policy: Policy, cost: CostModel, res: SimResult) -> dict[str, dict[str, Any]]:
+    """Each background class's service against its min_share entitlement (see the module docstring)."""
+    llm_tokens = sum(n for c, n in res.processed_tokens.items() if c in policy.classes
+                     and policy.classes[c].kind == "llm")
+    out: dict[str, dict[str, Any]] = {}
+    for name, cp in policy.classes.items():
+        recs = [r for r in res.records if r.req.class_name == name]
+        if not cp.background or cp.min_share <= 0 or not recs:
+            continue
+        start = min(r.req.arrival_s for r in recs)
+        ran_dry = all(r.done_s is not None or r.rejected is not None for r in recs)
+        end = max((r.done_s or start) for r in recs) if ran_dry else res.horizon_s
+        period_s = max(1e-9, end - start)
+        if cp.kind == "embedding":
+            demand_s = cost.embed_per_token_s * sum(sum(r.req.input_tokens or []) for r in recs)
+            entitled = min(cp.min_share * period_s, demand_s)
+            got = res.busy_s.get(name, 0.0)
+        else:
+            demand = sum(r.req.prompt_tokens + r.req.max_tokens for r in recs)
+            entitled = min(cp.min_share * llm_tokens * period_s / res.horizon_s, demand)
+            got = float(res.processed_tokens.get(name, 0))
+        out[name] = {"min_share": cp.min_share, "kind": cp.kind, "backlogged_s": period_s,
+                     "got": got, "entitled": entitled, "entitlement_ratio": _ratio(got, entitled)}
+    return out
+
+
+def trace_figures(policy: Policy, cost: CostModel, name: str, horizon_s: float, seed: int,
+                  kv_blocks: int = 4096) -> dict[str, Any]:
+    make = TRACES[name]
+    mix = _run(policy, cost, make(horizon_s, seed, True), horizon_s, kv_blocks)
+    idle = _run(policy, cost, make(horizon_s, seed, False), horizon_s, kv_blocks)
+    figs, idle_figs = class_figures(mix), class_figures(idle)
+    voice, voice_idle = figs.get("voice", {}), idle_figs.get("voice", {})
+    itl_ms = policy.classes["voice"].targets.itl_ms if "voice" in policy.classes else None
+    itl_p99 = voice.get("itl_p99_s")
+    return {
+        "voice_ttft_p99_s": voice.get("ttft_p99_s"),
+        "voice_ttft_p99_idle_s": voice_idle.get("ttft_p99_s"),
+        "voice_ttft_p99_ratio": _ratio(voice.get("ttft_p99_s"), voice_idle.get("ttft_p99_s")),
+        "voice_itl_p99_s": itl_p99,
+        "voice_itl_p99_over_target": _ratio(itl_p99, itl_ms / 1000 if itl_ms else None),
+        "lost_requests": len(mix.lost) + len(idle.lost),
+        "background": background_figures(policy, cost, mix),
+        "classes": figs,
+        "preemptions": mix.num_preemptions,
+    }
+
+
+def _worst(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def acceptance(policy: Policy, cost: CostModel, traces: tuple[str, ...] = ACCEPTANCE_TRACES,
+               horizon_s: float = 120.0, seed: int = 0) -> dict[str, Any]:
+    """One JSON-able object: per-trace figures and the worst of each over the traces."""
+    per = {name: trace_figures(policy, cost, name, horizon_s, seed) for name in traces}
+    ratios = [b["entitlement_ratio"] for t in per.values() for b in t["background"].values()]
+    known = [r for r in ratios if r is not None]
+    return {
+        "profile": cost.name,
+        "horizon_s": horizon_s,
+        "seed": seed,
+        "worst_voice_ttft_p99_ratio": _worst([t["voice_ttft_p99_ratio"] for t in per.values()]),
+        "worst_voice_itl_p99_over_target": _worst([t["voice_itl_p99_over_target"] for t in per.values()]),
+        "lost_requests": sum(t["lost_requests"] for t in per.values()),
+        "worst_background_entitlement_ratio": min(known) if known else None,
+        "traces": per,
+    }
