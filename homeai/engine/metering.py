@@ -38,8 +38,6 @@ class RequestSink(Protocol):
     def request_started(self, request_id: str, kind: str, class_name: str, user: str, model: str,
                         num_prompt_tokens: int) -> None: ...
 
-    def first_token(self, request_id: str) -> None: ...
-
     def tokens(self, request_id: str, n: int) -> None: ...
 
     def finished(self, request_id: str, status: str, num_output_tokens: int) -> None: ...
@@ -90,13 +88,10 @@ class Meter:
         caller that stops reading there leaves nothing open. Closing early aborts the engine stream."""
         self._call("request_started", sub.request_id, sub.kind, sub.class_name, sub.user, sub.model,
                    sub.num_prompt_tokens)
-        num_output_tokens, status, seen_first = 0, None, False
+        num_output_tokens, status = 0, None
         try:
             async for delta in deltas:
-                if not seen_first and delta.error is None:
-                    seen_first = True
-                    self._call("first_token", sub.request_id)
-                if delta.token_ids:
+                if delta.token_ids:  # the first ones also stamp TTFT: a stream ended before any token has none
                     num_output_tokens += len(delta.token_ids)
                     self._call("tokens", sub.request_id, len(delta.token_ids))
                 if delta.finished or delta.error is not None:

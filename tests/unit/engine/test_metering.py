@@ -140,7 +140,14 @@ async def test_an_error_delta_ends_the_record(error: str, timed_out: bool, statu
 async def test_an_engine_abort_is_aborted() -> None:
     meter, _, done = meter_and_log()
     await read_all(meter.stream(sub(), Engine([delta(1), delta(0, FinishReason.ABORT)]).generate()))
-    assert [d.status for d in done] == ["aborted"]
+    assert [d.status for d in done] == ["aborted"] and done[0].ttft_ms is not None
+
+
+async def test_a_stream_ended_before_its_first_token_has_no_ttft() -> None:
+    meter, recorder, done = meter_and_log()
+    await read_all(meter.stream(sub(), Engine([delta(0), delta(0, FinishReason.ABORT)]).generate()))
+    assert [(d.status, d.ttft_ms, d.num_output_tokens) for d in done] == [("aborted", None, 0)]
+    assert recorder.class_latency("chat")["ttft_samples"] == 0
 
 
 async def test_a_stream_never_read_is_never_recorded() -> None:
