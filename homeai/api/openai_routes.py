@@ -154,9 +154,10 @@ async def stream_chunks(gen: Generation, obj: str, include_usage: bool, prefix: 
         yield piece({}, text=prefix)
     async with aclosing(gen.deltas()) as deltas:
         async for delta in deltas:
-            if delta.error:
+            if delta.error:  # an engine error, or a drain at shutdown: an error event, then the usual end
                 yield sse_data({"error": {"message": delta.error, "type": "server_error", "param": None,
                                           "code": "engine_error"}})
+                yield SSE_DONE
                 return
             logprobs = delta.logprobs or None
             if is_chat:
