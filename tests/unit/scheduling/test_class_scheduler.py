@@ -278,9 +278,9 @@ def test_background_min_share_keeps_a_backlogged_background_class_served() -> No
 
 def test_steps_are_cut_to_the_itl_target_while_interactive_work_runs_and_full_when_quiet() -> None:
     """Budget 256, a step costing 10 ms + 1 ms per token: while chat decodes (ITL 100 ms) a step takes at
-    most 60 % of it (50 tokens), background prompt chunks included; moments after chat left, the house
-    is still active and background prompt chunks stay at its min_share of the budget (64); a quiet
-    house gets the whole budget."""
+    most 60 % of it (50 tokens) and background prompt chunks its min_share of that, at least 32 tokens;
+    moments after chat left, the house is still active: min_share of the step's budget (TTFT-bound, so
+    256: 64 tokens); a quiet house gives background the whole budget."""
     policy = make_policy(budget=256, chat={"targets": {"ttft_ms": 1000, "itl_ms": 100}},
                          summarize={"min_share": 0.25})
     h = Harness(policy, num_blocks=1024)
@@ -289,7 +289,7 @@ def test_steps_are_cut_to_the_itl_target_while_interactive_work_runs_and_full_wh
     h.step()
     bg = h.add("summarize", prompt_len=2000, max_tokens=1)
     plan = h.step()
-    assert plan.num_tokens == 50 and tokens_of(plan, bg) == 49
+    assert tokens_of(plan, bg) == 32 and h.sched.step_token_budget() == 50
     h.sched.abort(chat.request_id)
     assert tokens_of(h.step(), bg) == 64
     h.clock.advance(INTERACTIVE_HORIZON_S)
