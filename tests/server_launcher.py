@@ -118,6 +118,7 @@ class ServerProcess:
         if self.policy is not None:
             cmd += ["--policy", str(self.policy)]
         self.num_starts += 1
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"--- start {self.num_starts} on port {self.port}\n".encode())
             log.flush()
