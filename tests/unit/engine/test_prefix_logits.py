@@ -92,8 +92,13 @@ def test_a_prefix_ending_mid_block_is_reused_and_changes_no_logit(make_engine) -
     sid = rec.add("second", second)
     rec.run()
     assert rec.first_chunk_start(sid, step) == 8 and hit_tokens(rec.engine) == 8
-    assert_same_logits(rec.logits["first"], cold_logits(make_engine, first))
-    assert_same_logits(rec.logits["second"], cold_logits(make_engine, second))
+    third = system[:8] + tokens(6, 1)  # all but its last token cached: that one runs as a decode row
+    step = len(rec.plans)
+    sid = rec.add("third", third)
+    rec.run()
+    assert rec.first_chunk_start(sid, step) == 8 and hit_tokens(rec.engine) == 16
+    for name, prompt in (("first", first), ("second", second), ("third", third)):
+        assert_same_logits(rec.logits[name], cold_logits(make_engine, prompt))
     assert_engine_empty(rec.engine)
 
 
