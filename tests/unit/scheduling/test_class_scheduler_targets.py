@@ -8,8 +8,8 @@ from engine_helpers import assert_engine_empty
 from test_class_scheduler import Harness, abort_all, assert_completed, make_policy, tokens_of
 
 from homeai.core.sequence import SequenceStatus
-from homeai.scheduling.class_scheduler import SHARE_BURST_STEPS
-from homeai.scheduling.step_budget import ITL_STEP_FRACTION, StepCostModel
+from homeai.scheduling.class_scheduler import INTERACTIVE_HORIZON_S, SHARE_BURST_STEPS
+from homeai.scheduling.step_budget import ITL_STEP_FRACTION, QUIET_TTFT_STEP_FRACTION, StepCostModel
 
 
 # ---- finding 1: a cold start is not starvation; a share never locks voice out ----------------------
@@ -134,4 +134,23 @@ def test_one_admission_loop_alternates_users_because_the_prompt_is_charged_at_ad
     users = [h.sched.seqs[c.seq_id].user for c in plan.chunks]
     assert users == ["a", "b"] * 10
     h.drain()
+    assert_engine_empty(h.sched)
+
+
+def test_a_quiet_house_step_still_leaves_a_voice_arrival_within_its_ttft_target() -> None:
+    """Only background runs, on a slow device (22 ms + 0.8 ms per token): a full 2048-token step would
+    last 1.66 s, so the first voice request after a quiet period waited 1.3 s. The quiet budget keeps a
+    step within QUIET_TTFT_STEP_FRACTION of voice's TTFT target; on a fast device it is the full budget."""
+    policy = make_policy(budget=2048, max_num_seqs=8, voice={"targets": {"ttft_ms": 300, "itl_ms": 100}},
+                         summarize={"min_share": 0.05})
+    h = Harness(policy, num_blocks=4096, block_size=16)
+    h.sched.step_cost = StepCostModel(base_s=0.022, per_token_s=0.0008)
+    h.add("summarize", user="indexer", prompt_len=6000, max_tokens=2)
+    h.clock.advance(INTERACTIVE_HORIZON_S + 1)
+    plan = h.step()
+    assert h.sched.step_cost.step_s(plan.num_tokens) <= QUIET_TTFT_STEP_FRACTION * 0.300 + 1e-9
+    assert plan.num_tokens == h.sched.step_cost.tokens_within(QUIET_TTFT_STEP_FRACTION * 0.300)
+    h.sched.step_cost = StepCostModel(base_s=0.016, per_token_s=0.0001)
+    assert h.step().num_tokens == 2048
+    abort_all(h.sched)
     assert_engine_empty(h.sched)
