@@ -60,7 +60,9 @@ class Fairness(_Strict):
 
 
 class Targets(_Strict):
-    """Latency targets shown against measurements (TUI, bench); the scheduler does not chase them."""
+    """Latency targets: shown against measurements (TUI, bench), and what the LLM planner sizes each
+    step by (a step no longer than a share of the tightest ITL target of the running interactive
+    classes, and of the TTFT target, so a request arriving meanwhile still makes it)."""
 
     ttft_ms: float | None = Field(None, gt=0)
     itl_ms: float | None = Field(None, gt=0)
@@ -84,7 +86,8 @@ class ClassPolicy(_Strict):
     preserve_ordering: bool = Field(False, description="batch responses in request order")
     # LLM limits
     max_running: int | None = Field(None, ge=1, description="running sequences of this class")
-    min_share: float = Field(0.0, ge=0.0, le=1.0, description="share guaranteed when backlogged")
+    min_share: float = Field(0.0, ge=0.0, le=1.0,
+                             description="background: share guaranteed while backlogged, as a rate (no catch-up)")
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
     fairness: Fairness = Field(default_factory=Fairness)
