@@ -11,7 +11,8 @@ from tui.format import BAD, BLOCKS, DIM, GOOD, WARN, fmt_duration, fmt_ms
 
 
 class StatusLine(Static):
-    """Top line of each screen: live or disconnected (in red, with the retry), server, uptime, load.
+    """Top line of each screen: live or disconnected (in red, with the retry), server, uptime, load, and
+    a warning while the server runs a fallback because its policy file was refused at start-up.
 
     It watches the app's ``connection`` and ``stats`` reactives, so a screen only has to compose it."""
 
@@ -35,8 +36,13 @@ class StatusLine(Static):
             self.update(Text(f"✖ disconnected: {conn.detail or 'connecting'}{retry} · {url}"))
             return
         live = stats.get("num_live_requests", 0)
-        self.update(Text.assemble(("● live ", GOOD), (url, "bold"), (" · up ", DIM),
-                                  fmt_duration(stats.get("uptime_s")), (" · ", DIM), f"{live} in flight"))
+        line = Text.assemble(("● live ", GOOD), (url, "bold"), (" · up ", DIM),
+                             fmt_duration(stats.get("uptime_s")), (" · ", DIM), f"{live} in flight")
+        policy = stats.get("policy") or {}
+        if policy.get("status") == "fallback":  # the policy file was refused at start-up (see /readyz)
+            line.append_text(Text.assemble((" · ", DIM), (f"⚠ policy file refused, running {policy['running']}",
+                                                          WARN)))
+        self.update(line)
 
 
 class LatencyChart(Widget):
