@@ -17,6 +17,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAMES = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``gpu`` marker skips, saying so, where there is no CUDA device: the only skip the suite has."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason="gpu: needs a CUDA device"))
+
+
 @pytest.fixture(scope="session")
 def homeai_cache_dir() -> Path:
     """The cache the real models are pulled into (env HOMEAI_CACHE_DIR, else <repo>/.cache/homeai)."""

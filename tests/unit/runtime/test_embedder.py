@@ -124,7 +124,7 @@ def test_bf16_close_to_fp32(folder: Path, embedder: Embedder) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_fp16_matches_cpu(folder: Path, embedder: Embedder) -> None:
     gpu = Embedder.load(folder, torch.device("cuda"), dtype=torch.float16)
     assert bool((_cosines(gpu.embed(TEXTS, batch_size=3), embedder.embed(TEXTS)) >= 0.999).all())

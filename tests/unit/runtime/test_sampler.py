@@ -154,7 +154,7 @@ def test_empty_batch() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_seeded_rows_reproducible() -> None:
     logits = random_logits(4, seed=3).cuda()
     params = [SamplingParams(temperature=1.0, top_p=0.9, repetition_penalty=1.2, seed=5)] * 4
@@ -174,8 +174,7 @@ def bitmask_allowing(allowed: list[list[int]], vocab: int = VOCAB) -> torch.Tens
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # bit 31 is the sign bit
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_token_mask_constrains_only_its_rows(device: str) -> None:
     logits = random_logits(3, seed=4).to(device)
     original = logits.clone()
