@@ -305,7 +305,8 @@ class ClassScheduler(StepScheduler):
                 if room() <= 0:
                     return
                 continue
-            if seq.status == SequenceStatus.RUNNING and self._grow(seq, planned + n, plan, self._planned(plan)):
+            others = self._planned(plan) - {seq.seq_id}  # it may give way itself, never a planned other
+            if seq.status == SequenceStatus.RUNNING and self._grow(seq, planned + n, plan, others):
                 self._take_tokens(plan, seq, n, for_share)
                 taken += n
         cap = state.policy.max_running
