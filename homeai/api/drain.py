@@ -26,7 +26,7 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from homeai.api.errors import ServiceUnavailable
+from homeai.api.errors import ApiError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,15 @@ def end_open_generations(gateway: Any) -> None:
         return
     for engine in gateway.llms.values():
         engine.fail_all_soon(SHUTDOWN_MESSAGE)
+
+
+def engine_error(connection: ASGIConnection[Any, Any, Any, Any], message: str) -> ApiError:
+    """The HTTP error of a request the engine ended with ``message`` before its answer was sent: 503 with
+    Retry-After while draining (the drain ended it, and a retry after the restart succeeds), else 500."""
+    drain: Drain | None = connection.app.state.get("drain")
+    if drain is not None and drain.draining:
+        return ServiceUnavailable(message, code="shutting_down", headers={"Retry-After": str(drain.retry_after_s())})
+    return ApiError(message, status_code=500, code="engine_error")
 
 
 async def refuse_while_draining(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 
 from litestar import Request
 
-from homeai.api.errors import ApiError, BadRequest, ServiceUnavailable, to_api_error
+from homeai.api.drain import engine_error
+from homeai.api.errors import BadRequest, ServiceUnavailable, to_api_error
 from homeai.api.streaming import until_disconnect
 from homeai.api.tools import ToolSpec, with_tools_prompt
 from homeai.core.types import Constraint, FinishReason, SamplingParams, TokenDelta, TokenLogprob
@@ -135,7 +136,7 @@ class Generation:
             if outcome_of_delta(first) == "timeout":
                 raise ServiceUnavailable(f"{first.error} in class {route.class_name!r}", code="queue_timeout",
                                          headers={"Retry-After": "1"})
-            raise ApiError(first.error, status_code=500, code="engine_error")
+            raise engine_error(self.request, first.error)  # 503 when a drain ended it
         self._count(first)
         self._first = first
         return first
@@ -163,7 +164,7 @@ class Generation:
 
         text, finish_reason, error = await until_disconnect(self.request, read())
         if error is not None:
-            raise ApiError(error, status_code=500, code="engine_error")
+            raise engine_error(self.request, error)
         return text, finish_reason
 
     def _count(self, delta: TokenDelta) -> None:

@@ -16,7 +16,14 @@ from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.auth import authenticate
-from homeai.api.drain import RESTART_ESTIMATE_S, SHUTDOWN_MESSAGE, Drain, end_open_generations, refuse_while_draining
+from homeai.api.drain import (
+    RESTART_ESTIMATE_S,
+    SHUTDOWN_MESSAGE,
+    Drain,
+    end_open_generations,
+    engine_error,
+    refuse_while_draining,
+)
 from homeai.api.errors import exception_handler
 from homeai.api.observability_routes import _stats_events, observability_router
 from homeai.api.openai_routes import OpenAIController
@@ -114,3 +121,23 @@ async def test_the_deadline_ends_open_generations_and_close_disarms_it() -> None
     early.close()  # the server stopped before the deadline: nothing left to end
     await asyncio.sleep(0.2)
     assert quiet.llms["llm"].failed_with == []
+
+
+def test_a_request_ended_by_the_drain_is_a_503_not_a_500() -> None:
+    """Non-streaming requests (and streams still queued) that the deadline ends answer 503 + Retry-After."""
+
+    @dataclass
+    class FakeConnection:
+        app: Any
+
+    @dataclass
+    class FakeApp:
+        state: State
+
+    drain = Drain(timeout_s=30.0)
+    connection: Any = FakeConnection(FakeApp(State({"drain": drain})))
+    err = engine_error(connection, "engine error: boom")
+    assert (err.status_code, err.code) == (500, "engine_error")  # not draining: a real engine error
+    drain.begin()
+    err = engine_error(connection, SHUTDOWN_MESSAGE)
+    assert (err.status_code, err.code) == (503, "shutting_down") and "Retry-After" in err.headers
