@@ -1,6 +1,6 @@
 """What prefix caching buys a Home Assistant household: the same long system prompt on every voice turn.
 
-    homeai bench prefix [--json] [--quick] [--system-tokens 1500] [--turns 16] [--uncached-turns 5]
+    homeai bench prefix [--json] [--quick] [--system-tokens 1500] [--turns 16] [--uncached-turns 3]
 
 1. ``warm_ttft_ratio``: TTFT of a request whose system prompt (about 1,500 tokens: instructions and the
    exposed devices, as Home Assistant sends them) was served just before, over the TTFT of the same kind
@@ -54,7 +54,7 @@ def add_prefix_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a short prompt and 4 turns: a smoke test, not a measurement")
     p.add_argument("--system-tokens", type=int, default=1500, help="system prompt length (default 1500)")
     p.add_argument("--turns", type=int, default=len(TURNS), help=f"voice turns (default {len(TURNS)})")
-    p.add_argument("--uncached-turns", type=int, default=5, help="voice turns without caching (default 5)")
+    p.add_argument("--uncached-turns", type=int, default=3, help="voice turns without caching (default 3)")
     p.add_argument("--pairs", type=int, default=2, help="cold/warm pairs for warm_ttft_ratio (default 2)")
 
 
