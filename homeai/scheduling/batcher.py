@@ -153,10 +153,11 @@ class Batcher:
         return EmbedWork(name, items)
 
     def _background_cap(self, q: ClassQueue, now: float) -> int | None:
-        """While interactive classes are active, a background batch is cut to what costs at most a
-        tenth of the tightest TTFT target (measured cost per input), so a voice request that arrives
-        during it waits little; a quiet house gets full batches."""
-        if not q.policy.background or q.name not in self._per_item_s:
+        """While interactive classes are active, a background batch is cut to what costs at most
+        BACKGROUND_BATCH_TTFT_FRACTION of the tightest TTFT target (measured cost per input), so a voice
+        request that arrives during it waits little; its first batch, cost unknown, is one input (a full
+        one can take seconds on a CPU). A quiet house gets full batches."""
+        if not q.policy.background:
             return None
         recent_llm = self.llm is not None and self.llm.interactive_active(now)
         if not recent_llm and now - self._last_interactive_embed_s > INTERACTIVE_HORIZON_S:
@@ -165,6 +166,8 @@ class Batcher:
                    if not cp.background and cp.targets is not None and cp.targets.ttft_ms]
         if not targets:
             return None
+        if q.name not in self._per_item_s:
+            return 1
         budget_s = BACKGROUND_BATCH_TTFT_FRACTION * min(targets)
         return max(1, min(q.policy.max_batch_size, int(budget_s / self._per_item_s[q.name])))
 

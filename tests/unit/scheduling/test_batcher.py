@@ -159,8 +159,9 @@ def test_min_share_forces_a_starved_background_class() -> None:
     dev = Device(make_policy(), batch_s={"indexing": (0.2, 0.0)})  # never fits the ITL slack
     chat = dev.add_chat(max_tokens=10_000)
     dev.push("indexing", 3)  # fewer than the preferred 16, its 50 ms window still open
-    assert dev.run_once() == LLM_STEP  # nothing measured yet: nobody is starved
-    assert dev.run_once() == "indexing" and dev.log[-1][3] == 3  # below min_share: runs as it is
+    assert dev.run_once() == LLM_STEP  # a cold start owes nothing: the share refills from now on
+    # owed its share: runs before its window closes (one input: its cost is not known yet)
+    assert dev.run_once() == "indexing" and dev.log[-1][3] == 1
     dev.push("indexing", 16 * 200)
     for _ in range(2000):
         dev.run_once()
@@ -223,6 +224,23 @@ def test_background_batches_are_cut_short_while_interactive_work_is_recent() -> 
     assert 1 <= n < 16 and n * per_input_s <= budget_s + 1e-9 < (n + 1) * per_input_s  # as many as fit
     dev.clock.advance(INTERACTIVE_HORIZON_S + 1)
     assert dev.run_once() == "indexing" and dev.log[-1][3] == 16  # a quiet house: full batches
+    assert_engine_empty(dev.sched)
+
+
+def test_the_first_background_batch_while_the_house_is_active_is_one_input() -> None:
+    """Its cost per input is not known yet, and a full batch can take seconds on a CPU: while chat runs,
+    the first indexing batch is a single input; once measured, batches fit the TTFT fraction."""
+    dev = Device(make_policy(indexing={"min_share": 0.0}), batch_s={"indexing": (0.0, 0.001)})
+    chat = dev.add_chat(max_tokens=1000)
+    assert dev.run_once() == LLM_STEP
+    dev.push("indexing", 16 * 4)
+    while dev.run_once() != "indexing":
+        pass
+    assert dev.log[-1][3] == 1
+    while dev.run_once() != "indexing":
+        pass
+    assert 1 < dev.log[-1][3] <= BACKGROUND_BATCH_TTFT_FRACTION * 0.300 / 0.001 + 1e-6
+    dev.sched.abort(chat.request_id)
     assert_engine_empty(dev.sched)
 
 
