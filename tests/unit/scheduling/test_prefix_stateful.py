@@ -1,6 +1,7 @@
-"""Hypothesis stateful test of prefix caching under a scheduler: whatever sequence of adds (prompts that
-share prefixes), steps, aborts (between steps or while a step runs), preemptions and evictions happens,
-blocks are conserved, and every chunk attends only to cache slots holding its own prefix.
+"""Hypothesis stateful test of prefix caching under both schedulers (FCFS, and the class scheduler with a
+voice class above a background one): whatever sequence of adds (prompts that share prefixes, across
+classes), steps, aborts (between steps or while a step runs), preemptions and evictions happens, blocks
+are conserved, and every chunk attends only to cache slots holding its own prefix.
 
 The shadow runner stands in for the KV cache: each slot records the token prefix its keys would encode,
 so a block reused before it was written, or reused for another prefix, fails the run at once.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
+import yaml
 from engine_helpers import assert_engine_empty
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -18,11 +20,19 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import SamplingParams, StepOutput, StepPlan
+from homeai.policy.loader import parse_policy
+from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.clock import VirtualClock
 from homeai.scheduling.fcfs import FCFSScheduler
+from homeai.scheduling.interface import StepScheduler
 
 NUM_BLOCKS, BLOCK_SIZE = 24, 4
 STEP_TOKENS = 7  # not a multiple of the block size: chunks end mid-block
+CLASSES = ("voice", "summarize")
+POLICY = parse_policy(yaml.safe_dump({
+    "classes": {"voice": {"kind": "llm", "model": "m", "priority": 0},
+                "summarize": {"kind": "llm", "model": "m", "priority": 1, "background": True, "min_share": 0.2}},
+    "scheduler": {"max_num_batched_tokens": STEP_TOKENS, "max_num_seqs": 4}}), source="prefix-stateful")
 PREFIXES = ([], [5, 6, 7, 8, 9, 10], [5, 6, 7, 8, 20, 21, 22, 23, 24, 25, 26, 27])  # the last two share a block
 
 
@@ -61,19 +71,29 @@ class ShadowRunner:
 
 
 class PrefixCacheMachine(RuleBasedStateMachine):
+    """Under FCFS; the class-scheduler machine below changes only the scheduler and how it preempts."""
+
     def __init__(self) -> None:
         super().__init__()
         self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True, model="m")
-        self.sched = FCFSScheduler(self.bm, max_num_batched_tokens=STEP_TOKENS, max_num_seqs=4, clock=VirtualClock())
+        self.sched = self.make_scheduler()
         self.runner = ShadowRunner(self.bm)
         self.next_id = 0
 
+    def make_scheduler(self) -> StepScheduler:
+        return FCFSScheduler(self.bm, max_num_batched_tokens=STEP_TOKENS, max_num_seqs=4, clock=VirtualClock())
+
+    def preempt_now(self, seq: Sequence) -> None:
+        assert isinstance(self.sched, FCFSScheduler)
+        self.sched._preempt(seq)
+
     @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(1, 3), max_size=4),
-          max_tokens=st.integers(1, 8))
-    def add(self, prefix: list[int], suffix: list[int], max_tokens: int) -> None:
+          max_tokens=st.integers(1, 8), class_name=st.sampled_from(CLASSES))
+    def add(self, prefix: list[int], suffix: list[int], max_tokens: int, class_name: str) -> None:
         prompt = prefix + suffix or [1]
         sid, self.next_id = self.next_id, self.next_id + 1
-        self.sched.add(Sequence(sid, f"r{sid}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens)))
+        self.sched.add(Sequence(sid, f"r{sid}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                class_name=class_name))
 
     @rule()
     def step(self) -> None:
@@ -94,10 +114,14 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             self.sched.abort(self.sched.seqs[chunk.seq_id].request_id)
         self.sched.update(plan, self.runner.execute(plan, self.sched.seqs))
 
-    @precondition(lambda self: self.sched.running)
+    def running(self) -> list[Sequence]:
+        assert isinstance(self.sched, FCFSScheduler | ClassScheduler)
+        return self.sched.running
+
+    @precondition(lambda self: self.running())
     @rule(data=st.data())
     def preempt(self, data: st.DataObject) -> None:
-        self.sched._preempt(data.draw(st.sampled_from(self.sched.running)))
+        self.preempt_now(data.draw(st.sampled_from(self.running())))
 
     @rule(num_blocks=st.integers(1, NUM_BLOCKS))
     def evict(self, num_blocks: int) -> None:
@@ -115,5 +139,18 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert_engine_empty(self.sched)
 
 
+class ClassPrefixCacheMachine(PrefixCacheMachine):
+    """The same under the class scheduler: voice may preempt the background class for KV blocks."""
+
+    def make_scheduler(self) -> StepScheduler:
+        return ClassScheduler(self.bm, POLICY, VirtualClock())
+
+    def preempt_now(self, seq: Sequence) -> None:
+        assert isinstance(self.sched, ClassScheduler)
+        self.sched._preempt(seq, StepPlan())
+
+
 PrefixCacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+ClassPrefixCacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestPrefixCacheMachine = PrefixCacheMachine.TestCase
+TestClassPrefixCacheMachine = ClassPrefixCacheMachine.TestCase
