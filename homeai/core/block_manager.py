@@ -82,10 +82,10 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.seq_id in self._tables:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        chain = extend_chain([], seq, max_blocks, self.block_size, self.model)
+        chain: list[BlockHash] = []
         hits: list[int] = []
-        for h in chain:
-            block = self._cached.get(h)
+        while len(hits) < max_blocks:  # hash no further than the first miss: a cold prompt costs one hash
+            block = self._cached.get(extend_chain(chain, seq, len(chain) + 1, self.block_size, self.model)[-1])
             if block is None:
                 break
             hits.append(block)
