@@ -5,7 +5,7 @@ and its own VTC fairness counters. Every step re-plans, within a token budget si
 ends within the latency targets of the active interactive classes (``step_budget``):
 
 1. every running decode, most important class first (a due token never waits behind a prompt);
-2. background classes owed their ``min_share`` (a refilling bucket, ``share_bucket``) get that many
+2. background classes owed their ``min_share`` (a refilling bucket, ``min_share``) get that many
    tokens: their running prompts' chunks, then admissions;
 3. then class by class in importance order: the class's running prompt chunks, then its admissions,
    each next request coming from its user with the lowest virtual token counter (the prompt is charged
@@ -27,12 +27,11 @@ from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
+from homeai.scheduling.min_share import MinShareMixin
 from homeai.scheduling.share_bucket import ShareBucket
 from homeai.scheduling.step_budget import ClassTargets, StepCostModel, step_token_budget
 
 INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps steps sized by the targets
-BACKGROUND_CHUNK_TOKENS = 32  # a background class's prompt tokens per step while the house is active
-SHARE_BURST_STEPS = 2  # a background class's share credit holds at most this many full steps' share
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 
 
@@ -55,7 +54,7 @@ class LLMClassState:
         return self.policy.priority + (BACKGROUND_RANK if self.policy.background else 0)
 
 
-class ClassScheduler(StepScheduler):
+class ClassScheduler(MinShareMixin, StepScheduler):
     """Plans LLM steps over the LLM classes of a policy (see the module docstring)."""
 
     def __init__(self, block_manager: BlockManager | None, policy: Policy, clock: Clock | None = None,
@@ -240,16 +239,6 @@ class ClassScheduler(StepScheduler):
                    for c in self.classes.values() if not c.policy.background]
         return step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
 
-    def _background_limit(self, state: LLMClassState) -> int | None:
-        """While interactive classes are active, a background class's prompt chunks together stay small
-        (its min_share of this step's budget, at least BACKGROUND_CHUNK_TOKENS, its share pass
-        included): every token a step takes lengthens the wait of the next voice request, and idle
-        capacity is not what an active house has. A quiet house gives background the whole budget."""
-        if not state.policy.background or not self._interactive_now:
-            return None
-        cap = max(BACKGROUND_CHUNK_TOKENS, int(self._budget * state.policy.min_share))
-        return max(0, cap - self._share_used.get(state.name, 0))
-
     def _room(self, plan: StepPlan) -> int:
         return min(self._budget, self.max_num_batched_tokens) - plan.num_tokens
 
@@ -279,10 +268,6 @@ class ClassScheduler(StepScheduler):
                 return False
         bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
         return True
-
-    def _others_protected(self, seq: Sequence) -> set[int]:
-        """Share-protected sequences other than ``seq``: no class may take their KV blocks."""
-        return self._protected - {seq.seq_id} if self._protected else set()
 
     def _serve_class(self, plan: StepPlan, state: LLMClassState, now: float, limit: int | None,
                      for_share: bool) -> None:
@@ -402,43 +387,6 @@ class ClassScheduler(StepScheduler):
         item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
         state.queue.requeue_front(item)
 
-    # ---- min_share: a rate, not a debt --------------------------------------------------------------
-    def _owed_background(self) -> list[LLMClassState]:
-        """Background classes with share credit, refilled by min_share of this step's budget while the
-        class has work (a bucket: no catch-up bursts, nothing owed at a cold start)."""
-        out = []
-        for state in sorted(self.classes.values(), key=lambda c: c.rank):
-            bucket = state.bucket
-            bucket.share = state.policy.min_share if state.policy.background else 0.0
-            bucket.set_capacity(SHARE_BURST_STEPS * bucket.share * self.max_num_batched_tokens)
-            bucket.refill(self._budget, backlogged=bool(state.num_running or len(state.queue)))
-            if bucket.owed:
-                out.append(state)
-        return out
-
-    def _share_slots(self, state: LLMClassState) -> int:
-        return int(state.policy.min_share * self.max_num_seqs) if state.policy.background else 0
-
-    def _num_protected(self, state: LLMClassState) -> int:
-        return sum(self.seqs[sid].class_name == state.name for sid in self._protected)
-
-    def _share_protected(self) -> set[int]:
-        """Running sequences that hold a background class's share and no more: its oldest, at most
-        min_share of the sequence slots and of the KV pool. A more important class cannot take these;
-        everything else a background class holds is preemptible, so it never locks voice out."""
-        bm, out = self.block_manager, set()
-        for state in self.classes.values():
-            slots = self._share_slots(state)
-            blocks_left = state.policy.min_share * bm.num_blocks
-            mine = sorted((s for s in self.running if s.class_name == state.name),
-                          key=lambda s: (s.arrival_s, s.seq_id))
-            for seq in mine[:slots]:
-                blocks_left -= len(bm.block_table(seq.seq_id))
-                if blocks_left < 0:
-                    break
-                out.add(seq.seq_id)
-        return out
-
     def _make_room(self, seq: Sequence, n: int, rank: int, plan: StepPlan) -> bool:
         """Free a sequence slot and KV blocks for an admission, preempting strictly less important
         classes only (even if already planned this step: their chunk is dropped), never a sequence that
@@ -450,17 +398,6 @@ class ClassScheduler(StepScheduler):
                 return False
             self._preempt(victim, plan)
         return True
-
-    def _charge_shares(self, plan: StepPlan) -> None:
-        """Charge each background class's bucket with what it got: on its share, or on idle capacity."""
-        per_class: dict[str, int] = {}
-        for chunk in plan.chunks:
-            name = self.seqs[chunk.seq_id].class_name
-            per_class[name] = per_class.get(name, 0) + chunk.num_tokens
-        for name, state in self.classes.items():
-            forced = min(self._share_used.get(name, 0), per_class.get(name, 0))
-            state.bucket.charge(forced, forced=True)
-            state.bucket.charge(per_class.get(name, 0) - forced, forced=False)
 
     # ---- results ---------------------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:

@@ -8,7 +8,8 @@ from engine_helpers import assert_engine_empty
 from test_class_scheduler import Harness, abort_all, assert_completed, make_policy, tokens_of
 
 from homeai.core.sequence import SequenceStatus
-from homeai.scheduling.class_scheduler import INTERACTIVE_HORIZON_S, SHARE_BURST_STEPS
+from homeai.scheduling.class_scheduler import INTERACTIVE_HORIZON_S
+from homeai.scheduling.min_share import SHARE_BURST_STEPS
 from homeai.scheduling.step_budget import ITL_STEP_FRACTION, QUIET_TTFT_STEP_FRACTION, StepCostModel
 
 
