@@ -33,7 +33,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         print(f"{args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
         return 2
     folder = pull(entry, default_cache_dir())
-    engine = build_llm_engine(folder, EngineConfig(device=args.device, max_model_len=entry.served_len,
+    engine = build_llm_engine(folder, EngineConfig(device=args.device, dtype=entry.dtype,
+                                                      max_model_len=entry.served_len,
                                                       quantization=entry.quantization))
     engine.start()
     messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []

@@ -15,8 +15,12 @@ from homeai.repository.pull import PullError, pull
 def add_repository_commands(subparsers: Any) -> None:
     """Register ``pull`` and ``models``; each sets ``func(args) -> int`` (the exit status)."""
     pull_parser = subparsers.add_parser("pull", help="download, verify and convert a model of the repository")
-    pull_parser.add_argument("name", help="model name (see `homeai models`)")
+    pull_parser.add_argument("name", help="a model of `homeai models`, or a source to add: a .gguf file, a "
+                             "Hugging Face folder, ollama:NAME[:TAG], hf:REPO[@REVISION]")
     pull_parser.add_argument("--force", action="store_true", help="pull again even if already present")
+    pull_parser.add_argument("--as", dest="as_name", help="with a source: the new entry's name")
+    pull_parser.add_argument("--quantization", choices=["none", "int8"], default="none",
+                             help="with a source: the new entry's weight format")
     pull_parser.set_defaults(func=cmd_pull)
 
     models = subparsers.add_parser("models", help="list the model repository and what is pulled")
@@ -25,9 +29,15 @@ def add_repository_commands(subparsers: Any) -> None:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """Pull one model into the cache; exit 1 with the reason on any error."""
+    from homeai.repository.sources import entry_for, is_source_spec, write_entry
+
     started_s = time.perf_counter()
     try:
-        entry = get_entry(args.name)
+        if is_source_spec(args.name):
+            entry = entry_for(args.name, getattr(args, "as_name", None), getattr(args, "quantization", "none"))
+            print(f"{entry.name}: entry written to {write_entry(entry)}")
+        else:
+            entry = get_entry(args.name)
         path = pull(entry, default_cache_dir(), progress=True, force=args.force)
     except (EntryError, PullError) as exc:
         print(f"error: {exc}", file=sys.stderr)

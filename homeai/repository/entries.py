@@ -67,10 +67,30 @@ class PypiSource(_Strict):
 
 
 class HfFolderSource(_Strict):
-    """A plain Hugging Face folder already on disk (relative paths are relative to the YAML file)."""
+    """A plain Hugging Face folder already on disk (relative paths are relative to the YAML file);
+    ``files`` (recorded by ``homeai pull PATH``) are checked at pull time."""
 
     kind: Literal["hf_folder"]
     path: Path
+    files: list[SourceFile] = Field(default_factory=list)
+
+
+class GgufFileSource(_Strict):
+    """A GGUF file on this machine, read in place (never copied or written); checked at pull time."""
+
+    kind: Literal["gguf"]
+    path: Path
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class OllamaSource(_Strict):
+    """A model of the household's Ollama store (``NAME[:TAG]``): the GGUF blob its manifest names, read
+    in place. ``digest`` is that blob's sha256; ``store`` defaults to OLLAMA_MODELS or ~/.ollama/models."""
+
+    kind: Literal["ollama"]
+    model: str = Field(min_length=1)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    store: Path | None = None
 
 
 class HfHubSource(_Strict):
@@ -81,7 +101,8 @@ class HfHubSource(_Strict):
     revision: str | None = None
 
 
-Source = Annotated[PypiSource | HfFolderSource | HfHubSource, Field(discriminator="kind")]
+Source = Annotated[PypiSource | HfFolderSource | HfHubSource | GgufFileSource | OllamaSource,
+                   Field(discriminator="kind")]
 
 
 class ModelEntry(_Strict):
@@ -92,7 +113,8 @@ class ModelEntry(_Strict):
     source: Source
     context_length: int = Field(gt=0)
     max_model_len: int | None = Field(default=None, gt=0)
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    # "auto": bfloat16 (or float16) on CUDA, float32 on the CPU (homeai.runtime.device.default_dtype)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     # Weight-only quantization of an LLM's linear layers (homeai.runtime.quant): "int8" reads a quarter of
     # the float32 bytes per decode step; norms and the KV cache stay in `dtype`.
     quantization: Literal["none", "int8"] = "none"
@@ -175,7 +197,7 @@ def load_entry(path: Path) -> ModelEntry:
         raise EntryError(f"{path}: invalid model entry:\n{_format_errors(exc)}") from exc
     if entry.name != path.stem:
         raise EntryError(f"{path}: name {entry.name!r} must match the file name {path.stem!r}")
-    if isinstance(entry.source, HfFolderSource) and not entry.source.path.is_absolute():
+    if isinstance(entry.source, HfFolderSource | GgufFileSource) and not entry.source.path.is_absolute():
         folder = (path.parent / entry.source.path).resolve()
         entry = entry.model_copy(update={"source": entry.source.model_copy(update={"path": folder})})
     return entry

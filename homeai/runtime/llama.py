@@ -21,6 +21,8 @@ from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
 from homeai.runtime.quant import Linear, make_linear
 
+GGUF_WEIGHTS = "model.gguf"  # in a model folder: a link to a GGUF whose tensors are the weights
+
 
 @dataclass(slots=True)
 class PrefillChunk:
@@ -127,11 +129,18 @@ class LlamaModel(torch.nn.Module):
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
                     quantization: str = "none") -> LlamaModel:
+        """A Hugging Face folder: weights from ``*.safetensors``, else from the ``model.gguf`` a GGUF or
+        Ollama pull links there (read in place, dequantized tensor by tensor)."""
         cfg = LlamaConfig.from_folder(folder)
         paths = sorted(folder.glob("*.safetensors"))
-        if not paths:
-            raise FileNotFoundError(f"no *.safetensors in {folder}")
-        return cls(cfg, SafetensorsWeights(paths), device, dtype, quantization)
+        if paths:
+            return cls(cfg, SafetensorsWeights(paths), device, dtype, quantization)
+        if (folder / GGUF_WEIGHTS).exists():
+            from homeai.runtime.gguf_loader import open_gguf
+
+            _, _, weights = open_gguf(folder / GGUF_WEIGHTS)
+            return cls(cfg, weights, device, dtype, quantization)
+        raise FileNotFoundError(f"no *.safetensors and no {GGUF_WEIGHTS} in {folder}")
 
     def _weights(self) -> tuple[list[Linear], list[torch.Tensor]]:
         """Distinct linear layers (a tied lm_head counts once) and the norm vectors."""

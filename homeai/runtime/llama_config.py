@@ -33,6 +33,11 @@ class LlamaConfig:
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         if not any(a in _SUPPORTED for a in archs):
             raise ValueError(f"unsupported architecture {archs}; supported: {sorted(_SUPPORTED)}")
+        quant = cfg.get("quantization_config")
+        if quant:  # GPTQ, AWQ, bitsandbytes...: packed weights our loader does not read
+            method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+            raise ValueError(f"quantized checkpoint ({method!r}) is not supported: use float or bf16 weights "
+                             "(or a GGUF) and `quantization: int8` in the model entry")
         num_heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         return cls(
