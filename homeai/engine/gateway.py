@@ -88,7 +88,7 @@ class Gateway:
             entry = self._entry(name)
             folder = self._folder(entry)
             scheduler = ClassScheduler(None, policy, model=name)
-            ecfg = EngineConfig(device=str(device), dtype=cfg.dtype, kv_cache_mb=cfg.kv_cache_mb,
+            ecfg = EngineConfig(device=str(device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=cfg.kv_cache_mb,
                                 max_model_len=cfg.max_model_len or entry.served_len,
                                 quantization=entry.quantization)
             self.llms[name] = build_llm_engine(folder, ecfg, scheduler)
