@@ -147,6 +147,16 @@ async def test_rollback_errors(client: AsyncTestClient[Litestar]) -> None:
     assert (await client.get(f"/admin/policy/history/{10**30}")).status_code == 400
 
 
+async def test_a_class_naming_an_unknown_model_is_reported_at_the_class(
+        client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
+    """Issue 10 item 8: this was reported at ``aliases.voice.model`` (the alias pinned the old model)."""
+    text = DEFAULT_TEXT.replace("model: smollm2-135m-instruct", "model: no-such-model", 1)
+    r = await client.put("/admin/policy", content=text)
+    assert r.status_code == 422, r.text
+    assert [e["path"] for e in r.json()["error"]["errors"]] == ["classes.voice.model"]
+    assert holder.version == 1
+
+
 async def test_rollback_honours_the_version_query(client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
     """Issue 10 item 8: ``?version=999`` once rolled back one version; now it names the target."""
     assert (await client.put("/admin/policy", content=CHAT_BATCH_32)).status_code == 200
