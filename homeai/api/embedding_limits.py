@@ -16,11 +16,11 @@ from typing import Any
 from homeai.api.errors import BadRequest
 
 
-def input_lengths(tokenizer: Any, inputs: Sequence[str] | Sequence[Sequence[int]]) -> list[int]:
-    """Tokens each input would take uncut, special tokens included (token arrays: as given)."""
+def input_lengths(embedder: Any, inputs: Sequence[str] | Sequence[Sequence[int]]) -> list[int]:
+    """Tokens each input would take uncut, special tokens included (token arrays: as given). Through the
+    embedder, which serializes use of its tokenizer across threads."""
     if inputs and isinstance(inputs[0], str):
-        encoded = tokenizer(list(inputs), add_special_tokens=True, truncation=False)
-        return [len(ids) for ids in encoded["input_ids"]]
+        return list(embedder.token_lengths(list(inputs)))
     return [len(row) for row in inputs]
 
 
@@ -28,7 +28,7 @@ async def check_input_lengths(embedder: Any, model: str, inputs: Sequence[str] |
                               field: str = "input") -> None:
     """BadRequest naming the first input over ``embedder.max_length`` (tokenized off the event loop)."""
     limit = int(embedder.max_length)
-    lengths = await asyncio.to_thread(input_lengths, embedder.tokenizer, inputs)
+    lengths = await asyncio.to_thread(input_lengths, embedder, inputs)
     for i, n in enumerate(lengths):
         if n > limit:
             param = f"{field}[{i}]" if len(lengths) > 1 else field

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,9 @@ class Embedder:
             raise ValueError(f"pooling must be one of {_POOLING_MODES}, got {pooling!r}")
         self.model = model
         self.tokenizer = tokenizer
+        # A fast tokenizer is reconfigured (truncation on/off) by each call and is not safe to share
+        # between threads ("Already borrowed"): callers tokenize from worker threads, so one at a time.
+        self._tokenizer_lock = threading.Lock()
         self.device = device
         self.pooling = pooling
         self._max_length = max_length
@@ -97,8 +101,16 @@ class Embedder:
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids with [CLS]/[SEP], truncated to `max_length`: exactly what `embed` runs."""
         _check_texts(texts)
-        encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self._max_length)
+        with self._tokenizer_lock:
+            encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self._max_length)
         return encoded["input_ids"]
+
+    def token_lengths(self, texts: list[str]) -> list[int]:
+        """Tokens each text would take uncut, [CLS]/[SEP] included (to refuse what `tokenize` would cut)."""
+        _check_texts(texts)
+        with self._tokenizer_lock:
+            encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False)
+        return [len(ids) for ids in encoded["input_ids"]]
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Tokens each text costs after truncation (for usage reports and fairness counters)."""

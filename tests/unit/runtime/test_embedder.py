@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,30 @@ def test_max_length_override(folder: Path) -> None:
 def test_bad_input_raises(embedder: Embedder, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         embedder.embed(**kwargs)
+
+
+def test_cut_and_uncut_tokenizing_from_many_threads_at_once(embedder: Embedder) -> None:
+    """The serving path tokenizes cut (``tokenize``) and uncut (``token_lengths``, to refuse long inputs)
+    from worker threads; a shared fast tokenizer raised "Already borrowed" then (found by the soak)."""
+    long_text = ["the kitchen garden needs water every morning " * 40] * 4
+    errors: list[BaseException] = []
+
+    def hammer(cut: bool) -> None:
+        for _ in range(100):
+            try:
+                if cut:
+                    assert all(len(ids) == embedder.max_length for ids in embedder.tokenize(long_text))
+                else:
+                    assert all(n > embedder.max_length for n in embedder.token_lengths(long_text))
+            except BaseException as exc:  # collected: an exception in a thread would not fail the test
+                errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(i % 2 == 0,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
 
 
 def test_bf16_close_to_fp32(folder: Path, embedder: Embedder) -> None:
