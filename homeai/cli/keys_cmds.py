@@ -107,11 +107,11 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def _rows(keys: list[KeyInfo], with_revoked: bool) -> list[tuple[str, ...]]:
-    header = ("NAME", "PREFIX", "USER", "CLASS", "ADMIN", "CREATED") + (("REVOKED",) if with_revoked else ())
+    header = ("NAME", "PREFIX", "USER", "CLASS", "ADMIN", "SCOPES", "CREATED") + (("REVOKED",) if with_revoked else ())
     rows = [header]
     for k in keys:
         row = (k.name, k.prefix + "…", k.user, k.default_class or "-", "yes" if k.is_admin else "no",
-               k.created_at.strftime("%Y-%m-%d %H:%M"))
+               ",".join(k.scopes) or "-", k.created_at.strftime("%Y-%m-%d %H:%M"))
         if with_revoked:
             row += (k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else "-",)
         rows.append(row)

@@ -47,6 +47,28 @@ def test_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert asyncio.run(verify()) is None
 
 
+def test_a_key_with_the_metrics_scope(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 10 item 5: the TUI's key reads stats and /metrics without being an admin."""
+    where = ["--data-dir", str(tmp_path)]
+    assert run(["keys", "create", "tui", "--user", "dad", "--scope", "metrics", *where]) == 0
+    key = capsys.readouterr().out.strip()
+    assert run(["keys", "list", *where]) == 0
+    assert "metrics" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # argparse refuses a scope nobody checks
+        run(["keys", "create", "x", "--scope", "everything", *where])
+
+    async def scopes() -> tuple[str, ...] | None:
+        store = Store.in_dir(tmp_path)
+        await store.init()
+        try:
+            info = await store.keys.verify(key)
+            return info.scopes if info else None
+        finally:
+            await store.close()
+
+    assert asyncio.run(scopes()) == ("metrics",)
+
+
 def test_data_dir_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOMEAI_DATA_DIR", str(tmp_path / "d"))
     assert run(["keys", "create", "tv"]) == 0
