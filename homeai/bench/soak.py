@@ -138,4 +138,6 @@ async def _run(cfg: SoakConfig, log: Log) -> dict[str, Any]:
 
 def run_soak(cfg: SoakConfig, log: Log = lambda _m: None) -> dict[str, Any]:
     """Run the soak against the server at ``cfg.url`` (process ``cfg.pid``); returns the report."""
+    if not cfg.minutes > 0:
+        raise ValueError(f"minutes must be positive, got {cfg.minutes}")
     return asyncio.run(_run(cfg, log))
