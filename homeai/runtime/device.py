@@ -43,3 +43,17 @@ def process_rss_mb() -> float:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # KB on Linux
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``). Loading frees many tensor-sized
+    temporaries (a float copy per tensor before it is quantized); glibc keeps them in its arenas, so
+    without this the resident size at ready counts memory the process no longer uses. A no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)  # type: ignore[arg-type]
+    except (OSError, AttributeError, TypeError):
+        pass

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from homeai.runtime.device import release_free_memory
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
 from homeai.runtime.quant import Linear, make_linear
@@ -133,14 +134,18 @@ class LlamaModel(torch.nn.Module):
         Ollama pull links there (read in place, dequantized tensor by tensor)."""
         cfg = LlamaConfig.from_folder(folder)
         paths = sorted(folder.glob("*.safetensors"))
+        weights: Mapping[str, torch.Tensor]
         if paths:
-            return cls(cfg, SafetensorsWeights(paths), device, dtype, quantization)
-        if (folder / GGUF_WEIGHTS).exists():
+            weights = SafetensorsWeights(paths)
+        elif (folder / GGUF_WEIGHTS).exists():
             from homeai.runtime.gguf_loader import open_gguf
 
-            _, _, weights = open_gguf(folder / GGUF_WEIGHTS)
-            return cls(cfg, weights, device, dtype, quantization)
-        raise FileNotFoundError(f"no *.safetensors and no {GGUF_WEIGHTS} in {folder}")
+            weights = open_gguf(folder / GGUF_WEIGHTS)[2]
+        else:
+            raise FileNotFoundError(f"no *.safetensors and no {GGUF_WEIGHTS} in {folder}")
+        model = cls(cfg, weights, device, dtype, quantization)
+        release_free_memory()
+        return model
 
     def _weights(self) -> tuple[list[Linear], list[torch.Tensor]]:
         """Distinct linear layers (a tied lm_head counts once) and the norm vectors."""
