@@ -78,13 +78,21 @@ class EmbedService:
         items = [QueuedItem(f"emb-{next(self._ids)}", user, priority_level=priority_level,
                             timeout_override_us=timeout_us, cost=len(row),
                             payload=EmbedInput(row, loop, loop.create_future())) for row in rows]
-        self._post("push", class_name, items)
+        self.submit(class_name, items)
         try:
             vectors = await asyncio.gather(*(it.payload.future for it in items))  # QueueFullError -> 429
         except BaseException:
-            self._post("cancel", class_name, items)
+            self.cancel(class_name, items)
             raise
         return EmbedResult(np.stack(vectors), sum(len(r) for r in rows))
+
+    def submit(self, class_name: str, items: list[QueuedItem]) -> None:
+        """Post one request's inputs (payloads are EmbedInput); the device thread queues them."""
+        self._post("push", class_name, items)
+
+    def cancel(self, class_name: str, items: list[QueuedItem]) -> None:
+        """Post the withdrawal of a request's inputs (its caller went away)."""
+        self._post("cancel", class_name, items)
 
     def _post(self, kind: str, class_name: str, items: list[QueuedItem]) -> None:
         with self._inbox_lock:
@@ -110,7 +118,9 @@ class EmbedService:
             except Exception as exc:  # QueueFullError, an unknown class: the whole request fails
                 for it in pushed:
                     self.batcher.cancel_embedding(class_name, it.request_id)
-                self._deliver([(it.payload, exc) for it in items])
+                # The caller's gather raises the first error; the other inputs are cancelled, so no
+                # future is left holding an exception nobody retrieves.
+                self._deliver([(items[0].payload, exc), *((it.payload, _CANCEL) for it in items[1:])])
 
     def run(self, work: EmbedWork) -> None:
         """Device thread: embed one batch and hand each vector to its waiting request."""
@@ -143,11 +153,16 @@ class EmbedService:
                 pass
 
 
+_CANCEL = object()  # delivered to an input whose request already failed on another input
+
+
 def _resolve(batch: list[tuple[EmbedInput, Any]]) -> None:
     for inp, value in batch:
         if inp.future.done():
             continue
-        if isinstance(value, BaseException):
+        if value is _CANCEL:
+            inp.future.cancel()
+        elif isinstance(value, BaseException):
             inp.future.set_exception(value)
         else:
             inp.future.set_result(value)

@@ -113,7 +113,7 @@ class LLMEngine:
         if params.constraint is not None:
             await self.compile_constraint(params.constraint)
         queue = self.streams.open(seq.request_id)
-        self._post("add", seq)  # the device thread queues it (the only thread that touches the scheduler)
+        self.submit(seq)
         finished = False
         try:
             while not finished:
@@ -137,6 +137,11 @@ class LLMEngine:
             await asyncio.to_thread(grammars.compile, constraint)
         except GrammarError as exc:
             raise RequestError(str(exc)) from exc
+
+    def submit(self, seq: Sequence) -> None:
+        """Post a built sequence; the device thread queues it (the only thread that touches the
+        scheduler). If its queue refuses it, its stream gets the error."""
+        self._post("add", seq)
 
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)

@@ -169,7 +169,8 @@ class Batcher:
         if q.name not in self._per_item_s:
             return 1
         budget_s = BACKGROUND_BATCH_TTFT_FRACTION * min(targets)
-        return max(1, min(q.policy.max_batch_size, int(budget_s / self._per_item_s[q.name])))
+        per_item_s = max(self._per_item_s[q.name], 1e-9)  # a batch of inputs nobody awaited costs 0
+        return max(1, min(q.policy.max_batch_size, int(budget_s / per_item_s)))
 
     def _starved_background(self, now: float) -> list[str]:
         """Background classes whose share credit covers their next batch (see the module docstring)."""
@@ -238,7 +239,7 @@ class Batcher:
                 self._last_llm_end_s = end_s
                 self._last_was_embed = False
             else:
-                if num_items:
+                if num_items and duration > 0:  # a batch whose callers all left ran nothing
                     per = duration / num_items
                     prev = self._per_item_s.get(what)
                     self._per_item_s[what] = per if prev is None else 0.8 * prev + 0.2 * per
