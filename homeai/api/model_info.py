@@ -65,8 +65,19 @@ def model_details(gateway: Gateway, name: str | None) -> dict[str, Any]:
         "name": f"{tag}:latest", "model": f"{tag}:latest", "modified_at": _modified_at(gateway, entry),
         "size": _folder_size(entry.local_path(_cache_dir(gateway))), "digest": entry.source_fingerprint(),
         "details": {"parent_model": "", "format": "safetensors", "family": family, "families": [family],
-                    "parameter_size": "", "quantization_level": _QUANT[entry.dtype]},
+                    "parameter_size": "", "quantization_level": _quantization_level(gateway, entry)},
     }
+
+
+def _quantization_level(gateway: Gateway, entry: ModelEntry) -> str:
+    """What the weights are served as: int8, the entry's dtype, or for "auto" the dtype the engine loaded."""
+    if entry.quantization == "int8":
+        return "Q8_0"
+    dtype = entry.dtype
+    if dtype == "auto":
+        engine = gateway.llms.get(entry.name)
+        dtype = str(engine.runner.model.dtype).removeprefix("torch.") if engine is not None else "float32"
+    return _QUANT.get(dtype, dtype.upper())
 
 
 def model_tags(gateway: Gateway) -> list[dict[str, Any]]:

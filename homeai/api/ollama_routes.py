@@ -184,7 +184,7 @@ class OllamaController(Controller):
             raise BadRequest("format cannot be combined with tools (a call is no JSON document of that shape)",
                              param="format")
         tool_grammar = plan.constraint()
-        constraint = (tool_grammar, "tools") if tool_grammar is not None else (fmt, "format") if fmt else None
+        constraint = (tool_grammar, "tools") if tool_grammar is not None else fmt
         prompt_ids = await chat_prompt_ids(gateway, route.model, ollama_messages(data),
                                            plan.tools if plan.active else None)
         return await generate_reply(request, data, prompt_ids, route, ctx, chat=True, constraint=constraint,
@@ -208,9 +208,8 @@ class OllamaController(Controller):
         if data.context:
             check_token_ids(data.context, len(gateway.llm(route.model).tokenizer), "context")
             prompt_ids = [*data.context, *prompt_ids]
-        fmt = ollama_format_constraint(data.format)
         return await generate_reply(request, data, prompt_ids, route, ctx, chat=False,
-                                    constraint=(fmt, "format") if fmt is not None else None)
+                                    constraint=ollama_format_constraint(data.format))
 
     @post("/embed", status_code=200, summary="Embeddings of one or more texts")
     async def embed(self, request: Request[Any, Any, Any], data: EmbedRequest) -> dict[str, Any]:

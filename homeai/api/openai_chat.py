@@ -74,7 +74,7 @@ def chat_constraint(data: ChatCompletionRequest) -> tuple[ToolPlan, tuple[Constr
     tool_grammar = plan.constraint()
     if tool_grammar is not None:
         return plan, (tool_grammar, "tools")
-    return plan, (fmt, "response_format") if fmt is not None else None
+    return plan, fmt
 
 
 def chat_logprobs_wanted(data: ChatCompletionRequest) -> int | None:

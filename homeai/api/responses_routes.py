@@ -87,7 +87,7 @@ def response_constraint(data: ResponsesRequest) -> tuple[ToolPlan, tuple[Constra
     tool_grammar = plan.constraint()
     if tool_grammar is not None:
         return plan, (tool_grammar, "tools")
-    return plan, (fmt, "text.format") if fmt is not None else None
+    return plan, fmt
 
 
 class _Reply:

@@ -1,5 +1,6 @@
 """Structured output as the clients ask for it: OpenAI ``response_format`` and Ollama ``format``, turned
-into the engine's grammar constraint. Anything we cannot honour is a 400 naming the field."""
+into the engine's grammar constraint and the field it came from (which a 400 names if the grammar cannot
+be compiled). Anything we cannot honour is a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from homeai.api.errors import BadRequest
 from homeai.core.types import Constraint, ConstraintKind
 
 JSON_OBJECT = Constraint(ConstraintKind.JSON_OBJECT)
+Sourced = tuple[Constraint, str]  # a constraint and the request field it came from
 
 
-def schema_constraint(schema: Any, field: str) -> Constraint:
+def schema_constraint(schema: Any, field: str) -> Sourced:
     if not isinstance(schema, dict | bool):
         raise BadRequest("a JSON Schema must be an object", param=field)
-    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True))
+    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True)), field
 
 
-def response_format_constraint(fmt: dict[str, Any] | None, field: str = "response_format") -> Constraint | None:
+def response_format_constraint(fmt: dict[str, Any] | None, field: str = "response_format") -> Sourced | None:
     """OpenAI chat ``response_format``: text (no constraint), json_object, or json_schema (always strict)."""
     if fmt is None:
         return None
@@ -26,7 +28,7 @@ def response_format_constraint(fmt: dict[str, Any] | None, field: str = "respons
     if kind == "text":
         return None
     if kind == "json_object":
-        return JSON_OBJECT
+        return JSON_OBJECT, field
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
@@ -36,7 +38,7 @@ def response_format_constraint(fmt: dict[str, Any] | None, field: str = "respons
                      param=f"{field}.type")
 
 
-def text_format_constraint(fmt: dict[str, Any] | None, field: str = "text.format") -> Constraint | None:
+def text_format_constraint(fmt: dict[str, Any] | None, field: str = "text.format") -> Sourced | None:
     """Responses API ``text.format``: like ``response_format`` with the schema beside the type."""
     if fmt is None or fmt.get("type") != "json_schema":
         return response_format_constraint(fmt, field)
@@ -45,12 +47,12 @@ def text_format_constraint(fmt: dict[str, Any] | None, field: str = "text.format
     return schema_constraint(fmt["schema"], f"{field}.schema")
 
 
-def ollama_format_constraint(fmt: Any, field: str = "format") -> Constraint | None:
+def ollama_format_constraint(fmt: Any, field: str = "format") -> Sourced | None:
     """Ollama ``format``: "json" (a JSON object) or a JSON Schema; empty means plain text."""
     if fmt is None or fmt == "":
         return None
     if fmt == "json":
-        return JSON_OBJECT
+        return JSON_OBJECT, field
     if isinstance(fmt, dict):
         return schema_constraint(fmt, field)
     raise BadRequest(f"format must be \"json\" or a JSON Schema, got {fmt!r}", param=field)

@@ -2,9 +2,9 @@
 argument fragments, in the order OpenAI streams them.
 
 The grammar fixes the layout (``<tool_call>{"name": "f", "arguments": {...}}</tool_call>``), so the
-name is known once its header is complete, and every character after it up to the outer ``}`` is an
-argument fragment. A streamed answer and the same answer read at once give the same events joined,
-because both go through this one parser.
+name is known once its header is complete, and the arguments are the JSON value after it, read by a
+small scanner (a string may hold "}" or "</tool_call>"). A streamed answer and the same answer read
+at once give the same events joined, because both go through this one parser.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class ToolCallParser:
         self._in_call = False
         self._sent = 0  # argument characters of the current call already sent
         self._after_call = False  # whitespace right after a call is layout, not content
+        self._depth, self._in_string, self._escaped, self._args_done = 0, False, False, False  # JSON scan
 
     def feed(self, text: str) -> list[ParseEvent]:
         self._buf += text
@@ -74,15 +75,12 @@ class ToolCallParser:
     def finish(self) -> list[ParseEvent]:
         """The rest: held-back text, or the arguments of a call cut short (max_tokens)."""
         events: list[ParseEvent] = []
-        if self._call is not None:
-            rest = self._buf[self._sent:]
-            if rest:
-                self._call.arguments += rest
-                events.append(ParseEvent(call=self._call, fragment=rest))
+        if self._call is not None:  # cut short: what was scanned is all the arguments there are
             events.append(ParseEvent(call=self._call, done=True))
         elif self._buf and not (self._after_call and self._buf.isspace()):
             events.append(ParseEvent(text=self._buf))
         self._buf, self._call, self._in_call, self._sent = "", None, False, 0
+        self._depth, self._in_string, self._escaped, self._args_done = 0, False, False, False
         return events
 
     # ---- states ----------------------------------------------------------------------------------
@@ -119,23 +117,45 @@ class ToolCallParser:
         self._progressed = True
 
     def _read_arguments(self, events: list[ParseEvent]) -> None:
-        assert self._call is not None
-        close = self._buf.find(CALL_CLOSE)
-        body = self._buf if close < 0 else self._buf[:close]
-        # The outer "}" is the last one before </tool_call>: only what precedes the last "}" is sure.
-        end = body.rstrip().rfind("}") if close >= 0 else body.rfind("}")
-        safe = max(end, self._sent)
-        if safe > self._sent:
-            fragment = body[self._sent:safe]
-            self._call.arguments += fragment
-            events.append(ParseEvent(call=self._call, fragment=fragment))
-            self._sent = safe
+        """Scan the arguments as JSON (strings may hold "}" or even "</tool_call>"); each scanned
+        character is an argument fragment until the object closes, then ``}</tool_call>`` ends the call."""
+        call = self._call
+        assert call is not None
         self._progressed = False
-        if close >= 0:
-            events.append(ParseEvent(call=self._call, done=True))
-            self._buf = self._buf[close + len(CALL_CLOSE):]
-            self._call, self._in_call, self._sent, self._progressed = None, False, 0, True
-            self._after_call = True
+        if not self._args_done:
+            start = self._sent
+            while self._sent < len(self._buf) and not self._args_done:
+                self._scan(self._buf[self._sent])
+                self._sent += 1
+            if self._sent > start:
+                fragment = self._buf[start:self._sent]
+                call.arguments += fragment
+                events.append(ParseEvent(call=call, fragment=fragment))
+            if not self._args_done:
+                return
+        close = self._buf.find(CALL_CLOSE, self._sent)
+        if close < 0:
+            return
+        events.append(ParseEvent(call=call, done=True))
+        self._buf = self._buf[close + len(CALL_CLOSE):]
+        self._call, self._in_call, self._sent, self._progressed = None, False, 0, True
+        self._after_call, self._args_done, self._depth = True, False, 0
+
+    def _scan(self, char: str) -> None:
+        if self._in_string:
+            if self._escaped:
+                self._escaped = False
+            elif char == "\\":
+                self._escaped = True
+            elif char == '"':
+                self._in_string = False
+        elif char == '"':
+            self._in_string = True
+        elif char in "{[":
+            self._depth += 1
+        elif char in "}]":
+            self._depth -= 1
+            self._args_done = self._depth == 0
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -61,10 +61,24 @@ class GrammarCache:
             if constraint.kind == ConstraintKind.JSON_SCHEMA:
                 return self._compiler.compile_json_schema(constraint.spec, any_whitespace=False, strict_mode=True)
             if constraint.kind == ConstraintKind.STRUCTURAL_TAG:
-                return self._compiler.compile_structural_tag(constraint.spec)
+                return self._compiler.compile_structural_tag(json.dumps(compact_json(json.loads(constraint.spec))))
         except (RuntimeError, ValueError, json.JSONDecodeError) as exc:
             raise GrammarError(f"cannot compile the {constraint.kind} constraint: {exc}") from exc
         raise GrammarError(f"unknown constraint kind {constraint.kind!r}")
+
+
+def compact_json(node: Any) -> Any:
+    """A structural tag whose JSON contents allow no free whitespace (as ``any_whitespace=False`` does for
+    a schema): left free, a small model spends its tokens on newlines and indents, or never stops."""
+    if isinstance(node, list):
+        return [compact_json(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema" and "json_schema" in node:
+        schema = json.dumps(node["json_schema"])
+        grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+        return {"type": "grammar", "grammar": str(grammar)}
+    return {key: compact_json(value) for key, value in node.items()}
 
 
 @dataclass(slots=True)

@@ -53,3 +53,19 @@ def test_tool_choice() -> None:
     with pytest.raises(BadRequest):
         parse_tools([{"type": "code_interpreter"}])
     assert tools[0] == ToolSpec("a")
+
+
+def test_strings_may_hold_braces_and_the_closing_tag() -> None:
+    answer = call_text("HassTurnOn", {"name": 'kitchen}</tool_call>#"x\\'}) + "after"
+    for pieces in ([answer], list(answer)):
+        parser = ToolCallParser()
+        events = [e for piece in pieces for e in parser.feed(piece)] + parser.finish()
+        assert json.loads(parser.calls[0].arguments) == {"name": 'kitchen}</tool_call>#"x\\'}
+        assert "".join(e.fragment for e in events) == parser.calls[0].arguments
+        assert "".join(e.text for e in events) == "after"
+
+
+def test_a_call_cut_short_keeps_what_came() -> None:
+    text, calls = parse_all('Hi <tool_call>{"name": "f", "arguments": {"a": [1, 2')
+    assert text == "Hi " and calls[0].name == "f" and calls[0].arguments == '{"a": [1, 2'
+    assert calls[0].arguments_object() == '{"a": [1, 2'

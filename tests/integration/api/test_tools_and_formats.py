@@ -1,0 +1,173 @@
+"""Tool calls, structured output and logprobs through the official `openai` and `ollama` packages.
+
+Requests go to the test policy's ``long`` class (header X-HomeAI-Class): the default classes cap answers
+at 8 tokens, too few for a call. Batches of 20 are sent at once, so they share decode steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jsonschema
+import pytest
+import torch
+from ollama import Client
+from openai import BadRequestError, OpenAI
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+pytestmark = pytest.mark.slow
+LLM = "smollm2-135m-instruct"
+LONG = {"X-HomeAI-Class": "long"}
+LIGHT = {"type": "object", "additionalProperties": False, "required": ["name"],
+         "properties": {"name": {"type": "string", "maxLength": 24},
+                        "area": {"type": "string", "enum": ["kitchen", "hall", "bedroom"]}}}
+SET = {"type": "object", "additionalProperties": False, "required": ["name", "brightness"],
+       "properties": {"name": {"type": "string", "maxLength": 24},
+                      "brightness": {"type": "integer", "minimum": 0, "maximum": 100}}}
+TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": p}} for n, d, p in (
+    ("HassTurnOn", "Turns on a device", LIGHT), ("HassTurnOff", "Turns off a device", LIGHT),
+    ("HassLightSet", "Sets a light's brightness", SET))]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "Turn on the kitchen light"}]
+ROOM = {"type": "object", "additionalProperties": False, "required": ["room", "on", "brightness"],
+        "properties": {"room": {"type": "string", "enum": ["kitchen", "hall", "bedroom"]},
+                       "on": {"type": "boolean"}, "brightness": {"type": "integer", "minimum": 0, "maximum": 100}}}
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", default_headers=LONG, timeout=120)
+
+
+def twenty(call: Callable[[int], T]) -> list[T]:
+    with ThreadPoolExecutor(20) as pool:
+        return list(pool.map(call, range(20)))
+
+
+def test_tool_choice_required_gives_valid_calls(client: OpenAI) -> None:
+    answers = twenty(lambda i: client.chat.completions.create(
+        model=LLM, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        temperature=0.8, seed=i, max_tokens=160))
+    for answer in answers:
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0]
+        assert call.id.startswith("call_") and call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_named_tool_is_always_that_function(client: OpenAI) -> None:
+    named = {"type": "function", "function": {"name": "HassLightSet"}}
+    answers = twenty(lambda i: client.chat.completions.create(
+        model=LLM, messages=ASK, tools=TOOLS, tool_choice=named, parallel_tool_calls=False, temperature=0.8,
+        seed=100 + i, max_tokens=160))
+    for answer in answers:
+        for call in answer.choices[0].message.tool_calls or []:
+            assert call.function.name == "HassLightSet"
+            jsonschema.validate(json.loads(call.function.arguments), SET)
+        assert answer.choices[0].message.tool_calls
+
+
+def test_streamed_call_reassembles_to_the_non_streamed_one(client: OpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": LLM, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
+                              "parallel_tool_calls": False, "temperature": 0.9, "seed": 7, "max_tokens": 160}
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        delta = chunk.choices[0].delta
+        finish = chunk.choices[0].finish_reason or finish
+        for part in delta.tool_calls or []:
+            call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+            if part.id:
+                assert not call["id"] and part.function.name  # id and name come once, first
+                call["id"], call["name"] = part.id, part.function.name
+            call["arguments"] += part.function.arguments or ""
+    assert finish == "tool_calls" and whole
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == \
+        [(c.function.name, c.function.arguments) for c in whole]
+
+
+def test_json_schema_outputs_validate(client: OpenAI) -> None:
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "room", "schema": ROOM, "strict": True}}
+    rooms = ["kitchen", "hall", "bedroom", "garage"]
+    answers = twenty(lambda i: client.chat.completions.create(
+        model=LLM, messages=[{"role": "user", "content": f"Describe the {rooms[i % 4]} lights as JSON."}],
+        response_format=fmt, temperature=0.8, seed=i, max_tokens=64))
+    for answer in answers:
+        assert answer.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(answer.choices[0].message.content), ROOM)
+
+
+def test_json_object_is_an_object_every_time(client: OpenAI) -> None:
+    # The grammar keeps every prefix valid; ending in time is the model's part, so the prompts ask for
+    # short answers (open ones like "Name a colour." make this model fill any budget with one object).
+    questions = ["What colour is the sky?", "Is the kitchen light on?", "What is 2 + 2?", "Name a fruit.",
+                 "What is the capital of France?", "How many legs has a cat?", "What day comes after Monday?"]
+    system = {"role": "system", "content": 'Answer with a JSON object like {"answer": "..."}.'}
+    for question in questions:
+        answer = client.chat.completions.create(
+            model=LLM, messages=[system, {"role": "user", "content": question}],
+            response_format={"type": "json_object"}, temperature=0, max_tokens=96)
+        assert isinstance(json.loads(answer.choices[0].message.content), dict)
+
+
+def test_unhonourable_combinations_are_400_naming_the_field(client: OpenAI) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+         "response_format.json_schema.schema"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "Missing"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ]
+    for extra, field in cases:
+        with pytest.raises(BadRequestError) as err:
+            client.chat.completions.create(model=LLM, messages=ASK, max_tokens=4, **extra)
+        assert err.value.body["param"] == field, extra  # type: ignore[index]
+
+
+def test_ollama_format_and_capabilities(server_url: str) -> None:
+    ollama = Client(host=server_url, headers=LONG, timeout=120)
+    assert "tools" in (ollama.show(LLM).capabilities or [])
+    chat = ollama.chat(model=LLM, messages=[{"role": "user", "content": "Is the hall light on? JSON please."}],
+                       format=ROOM, options={"temperature": 0, "num_predict": 64})
+    jsonschema.validate(json.loads(chat.message.content), ROOM)
+    generated = ollama.generate(model=LLM, prompt="The kitchen light as JSON.", format="json",
+                                options={"temperature": 0, "num_predict": 64})
+    assert isinstance(json.loads(generated.response), dict)
+
+
+def test_logprobs_are_log_softmax_of_the_model_logits(client: OpenAI, pulled_models: dict[str, Path]) -> None:
+    folder = pulled_models[LLM]
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    answer = client.chat.completions.create(model=LLM, messages=messages, temperature=0, max_tokens=6,
+                                            logprobs=True, top_logprobs=3)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    content = answer.choices[0].logprobs.content  # type: ignore[union-attr]
+    model = LlamaForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32)
+    ids: list[int] = []
+    with torch.no_grad():  # transformers' own greedy decode of the same prompt: the same tokens, its logits
+        for entry in content:
+            reference = model(torch.tensor([prompt + ids])).logits[0, -1].log_softmax(-1)
+            ids.append(int(reference.argmax()))
+            assert entry.token == tokenizer.decode([ids[-1]])
+            assert abs(entry.logprob - reference[ids[-1]].item()) < 1e-3
+            top = reference.topk(3)
+            for alt, value in zip(entry.top_logprobs, top.values.tolist(), strict=True):
+                assert abs(alt.logprob - value) < 1e-3
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob >= entry.logprob - 1e-6
+    done = client.completions.create(model=LLM, prompt="The capital of France is", max_tokens=4,
+                                     temperature=0, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert lp is not None and len(lp.tokens or []) == len(lp.token_logprobs or []) == 4
+    assert "".join(lp.tokens or []) == done.choices[0].text
