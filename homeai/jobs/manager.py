@@ -143,7 +143,9 @@ class JobManager:
             await asyncio.gather(task, return_exceptions=True)
         self._aps(self.scheduler.remove_job, job_id)
         self._progress.pop(job_id, None)
-        return bool(await self.store.jobs.delete(job_id))
+        deleted = bool(await self.store.jobs.delete(job_id))
+        self._stop.discard(job_id)  # SQLite may give this id to the next job, which must not start paused
+        return deleted
 
     def _aps(self, method: Callable[[str], Any], job_id: int) -> None:
         try:

@@ -61,12 +61,12 @@ def add_job(http: httpx.Client, **body: Any) -> dict[str, Any]:
 
 
 def wait_job(http: httpx.Client, job_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
-    """The job once it is done (fails on failed or on timeout)."""
+    """The job once it is done (fails at once on failed or paused: nobody paused it; or on timeout)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         job = http.get(f"/v1/jobs/{job_id}").json()
-        if job["state"] == "failed":
-            pytest.fail(f"job {job_id} failed: {job['error']}")
+        if job["state"] in ("failed", "paused"):
+            pytest.fail(f"job {job_id} {job['state']}: {job}")
         if job["state"] == "done":
             return job  # type: ignore[no-any-return]
         time.sleep(0.2)

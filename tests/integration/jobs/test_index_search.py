@@ -91,7 +91,7 @@ def test_prompt_and_retention_jobs(http: httpx.Client) -> None:
     assert retention["runs"][0]["output"].startswith("deleted 0 request-log rows older than 30 days")
 
 
-def test_cli_lists_shows_pauses_and_removes(http: httpx.Client, jobs_server: ServerProcess) -> None:
+def test_cli_lists_shows_pauses_and_removes(http: httpx.Client, jobs_server: ServerProcess, tmp_path: Path) -> None:
     def cli(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "homeai.cli.main", "jobs", *args, "--url", jobs_server.url],
                               capture_output=True, text=True, timeout=60)
@@ -106,5 +106,10 @@ def test_cli_lists_shows_pauses_and_removes(http: httpx.Client, jobs_server: Ser
     assert "next_run_at" in cli("show", job_id)
     assert "paused" in cli("pause", job_id)
     assert "queued" in cli("resume", job_id)
+    assert "paused" in cli("pause", job_id)
     assert f"job {job_id} deleted" in cli("rm", job_id)
     assert http.get(f"/v1/jobs/{job_id}").status_code == 404
+    # the next job may get the deleted one's id (SQLite reuses the highest): it must not inherit its pause
+    (tmp_path / "note.txt").write_text("The bins go out on Thursday evening.")
+    after = wait_job(http, add_job(http, kind="index", path=str(tmp_path), collection="after-rm")["id"], 60)
+    assert after["runs"][0]["output"].startswith("1 files indexed"), after
