@@ -168,6 +168,7 @@ class ClassQueue:
             raise ValueError(f"request {item.request_id!r} is not queued in {self.name!r}")
         self._drop(item)
         self._departures.append(now)
+        self._released_until_s = max(self._released_until_s, now)  # all queued by now may join this step
 
     def _drop(self, item: QueuedItem) -> None:
         level = self._levels[item.priority_level or 1]
@@ -284,12 +285,11 @@ class ClassQueue:
 
         Highest non-empty priority level first; in it, the head request of the user ``pick_user``
         chooses among that level's users (ordered by their head's arrival), or the level's head.
-        None while the class delay window holds new prefills.
+        None while the class delay window holds new prefills. A query: it applies no timeouts (the
+        owner calls ``expire`` first) and opens no window (``take`` does).
         """
-        self._expire(now)
         if not self._window_open(now):
             return None
-        self._released_until_s = now  # everything queued by now may join this step
         for level in self._levels.values():
             if pick_user is None:
                 item = level.head()
@@ -306,7 +306,8 @@ class ClassQueue:
         return None
 
     def pop_for_admission(self, now: float, pick_user: PickUser | None = None) -> QueuedItem | None:
-        """``peek_for_admission`` and ``take`` in one call."""
+        """Apply timeouts, then ``peek_for_admission`` and ``take`` in one call."""
+        self._expire(now)
         item = self.peek_for_admission(now, pick_user)
         if item is not None:
             self.take(item, now)

@@ -27,7 +27,7 @@ def structure(q: ClassQueue) -> Any:
     levels = {no: (list(lv.main), list(lv.delayed), {u: list(d) for u, d in lv.user_main.items()},
                    {u: list(d) for u, d in lv.user_delayed.items()}, dict(lv.user_live), lv.num_live)
               for no, lv in q._levels.items()}
-    return copy.copy(q._deadlines), levels
+    return copy.copy(q._deadlines), levels, list(q._rejected), q._released_until_s
 
 
 def test_queries_leave_the_heap_and_the_lines_untouched() -> None:
@@ -42,6 +42,8 @@ def test_queries_leave_the_heap_and_the_lines_untouched() -> None:
     for _ in range(3):
         q.next_expiry_at()
         q.next_ready_at(clock.now())
+        q.peek_for_admission(clock.now() + 20.0)  # past every deadline: still no timeout applied
+        q.peek_for_admission(clock.now() + 20.0, lambda users: users[-1])
         list(q)
         len(q)
         for level in q._levels.values():
