@@ -57,7 +57,7 @@ class DeviceLoop:
         if self.batcher is not None:
             return self.batcher.clock
         assert self.llm is not None
-        return self.llm.scheduler.clock  # type: ignore[attr-defined, no-any-return]
+        return self.llm.scheduler.clock
 
     # ---- other threads ---------------------------------------------------------------------------
     def post_policy(self, policy: Policy) -> None:

@@ -109,7 +109,9 @@ class Batcher:
             return out + [(name, item) for name, q in self.embed_queues.items() for item in q.expire(now)]
 
     # ---- the decision ----------------------------------------------------------------------------
-    def next_work(self) -> str | EmbedWork | None:
+    def take_next(self) -> str | EmbedWork | None:
+        """Choose the device's next piece of work and take it: an embedding batch leaves its queue
+        (hence a verb, not a query); ``LLM_STEP`` means the scheduler plans the step; None: nothing ready."""
         now = self.clock.now()
         with self.lock:
             # Only an LLM step that would do something counts: a queued request behind a closed delay

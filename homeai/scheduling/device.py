@@ -34,7 +34,7 @@ def run_once(batcher: Batcher, device: Device) -> bool:
     sleeps until ``batcher.next_wake_s(after=now)`` or new work, never spinning)."""
     device.apply_inbox()
     device.fail_expired()
-    work = batcher.next_work()
+    work = batcher.take_next()
     if work is None:
         return False
     start = batcher.clock.now()

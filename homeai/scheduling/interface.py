@@ -14,12 +14,14 @@ from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import StepOutput, StepPlan
 from homeai.policy.schema import Policy
+from homeai.scheduling.clock import Clock
 
 
 class StepScheduler(ABC):
     """Plans each forward pass over a flat batch and applies its results."""
 
     block_manager: BlockManager
+    clock: Clock  # the time every plan is made on (virtual in tests and the simulator)
 
     def __init__(self) -> None:
         self.seqs: dict[int, Sequence] = {}

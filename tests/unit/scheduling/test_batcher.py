@@ -72,7 +72,7 @@ class Device:
 
     def run_once(self) -> str | None:
         """One iteration of the device loop; returns what ran ("llm", a class name) or None (idle)."""
-        work = self.batcher.next_work()
+        work = self.batcher.take_next()
         start = self.clock.now()
         if work == LLM_STEP:
             plan = self.sched.schedule()
@@ -204,7 +204,7 @@ def test_a_single_search_query_is_not_stuck_behind_another_users_flood() -> None
     for i in range(250):
         dev.batcher.push_embedding("search", QueuedItem(f"idx{i}", "indexer", cost=200))
     dev.batcher.push_embedding("search", QueuedItem("query", "alice", cost=12))
-    work = dev.batcher.next_work()
+    work = dev.batcher.take_next()
     assert isinstance(work, EmbedWork) and "query" in [item.request_id for item in work.items]
 
 

@@ -44,17 +44,17 @@ def test_a_closed_background_window_never_holds_back_a_ready_search_batch(policy
     batcher = Batcher(policy, sched, clock)
     batcher.push_embedding("embedding", QueuedItem("q0", "alice"))
     clock.set(batcher.next_wake_s() or 0.0)  # the search window closes (2 ms)
-    first = batcher.next_work()
+    first = batcher.take_next()
     assert isinstance(first, EmbedWork)
     batcher.record("embedding", clock.now(), clock.now() + 0.003, 1)
     clock.advance(0.003)
     sched.add(summarize(1))  # its window (50 ms) is closed: no LLM step could do anything
     batcher.push_embedding("embedding", QueuedItem("q1", "alice"))
-    assert batcher.next_work() is None  # nothing is ready: neither the query nor an (empty) LLM step
+    assert batcher.take_next() is None  # nothing is ready: neither the query nor an (empty) LLM step
     wake = batcher.next_wake_s(after=clock.now())
     assert wake is not None and wake > clock.now()  # an idle loop sleeps until then: no 0 s wait
     clock.set(wake)
-    work = batcher.next_work()
+    work = batcher.take_next()
     assert isinstance(work, EmbedWork) and [i.request_id for i in work.items] == ["q1"]
 
 
