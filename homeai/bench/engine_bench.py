@@ -181,6 +181,7 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     """Measure everything in one process; returns one flat-ish JSON-ready dict."""
     from transformers import LlamaForCausalLM
 
+    from homeai.bench.constrained_bench import constrained_overhead
     from homeai.engine.builder import EngineConfig, build_llm_engine
     from homeai.runtime.llama_config import LlamaConfig
 
@@ -191,7 +192,7 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     log(f"machine: {machine['bandwidth_gb_s']:.1f} GB/s read, {machine['gemm_gflop_s']:.1f} GFLOP/s fp32 GEMM, "
         f"{threads} threads")
     mc = LlamaConfig.from_folder(folder)
-    max_c = max(cfg.concurrency)
+    max_c = max(*cfg.concurrency, 16)  # 16: the constrained-decoding streams (constrained_bench)
     kv_tokens = max_c * (cfg.prompt_tokens[1] + max(cfg.uniform_tokens, cfg.mixed_max_tokens) + 32)
     kv_mb = math.ceil(kv_tokens * 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 4 / 2**20)
     engine = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", kv_cache_mb=kv_mb,
@@ -221,6 +222,8 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
                 if kind == "uniform" and c == min(cfg.concurrency):
                     out["single_stream_tok_s"] = statistics.median(ours.decode_tok_s or [0.0])
                 log(_line(row))
+        prompts = make_prompts(engine.tokenizer, 16, cfg)
+        out.update(constrained_overhead(engine, prompts, max(cfg.uniform_tokens, 32), log=log))
     finally:
         engine.shutdown()
     out.update(speed_figures(folder, cfg, log))

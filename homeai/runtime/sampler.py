@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import xgrammar as xgr
 from torch import Tensor
 
 from homeai.core.types import SamplingParams
@@ -130,20 +131,33 @@ def _race(logits: Tensor, rows: list[int], index: Tensor, generators: list[torch
 
 
 def apply_token_mask(logits: Tensor, bitmask: Tensor, rows: list[int]) -> Tensor:
-    """Mask the tokens a grammar forbids in ``rows``: bit j of ``bitmask[i]`` word j // 32 allows token j.
+    """Mask the tokens a grammar forbids in ``rows``: bit j % 32 of ``bitmask[i]`` word j // 32 allows token j.
 
     Returns a new tensor; other rows are untouched, so an unconstrained neighbour samples as if alone.
+    On the CPU, xgrammar's own kernel does it (a third of the time of unpacking with torch ops there);
+    on a GPU, the bits are unpacked byte-wise by torch (words are little-endian: byte k holds tokens 8k..).
     """
     device = logits.device
     vocab_size = logits.shape[1]
-    words = bitmask.to(device, non_blocking=True)
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().view(len(rows), -1)
-    if allowed.shape[1] < vocab_size:  # logits wider than the tokenizer's vocabulary: the rest is padding
-        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]), value=False)
     index = torch.tensor(rows, dtype=torch.long, device=device)
-    masked = logits.index_select(0, index).masked_fill(~allowed[:, :vocab_size], -math.inf)
+    masked = logits.index_select(0, index)
+    if device.type == "cpu":
+        xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=min(vocab_size, 32 * bitmask.shape[1]))
+        if 32 * bitmask.shape[1] < vocab_size:  # logits wider than the tokenizer's vocabulary: padding
+            masked[:, 32 * bitmask.shape[1]:] = -math.inf
+    else:
+        masked = masked.masked_fill(~unpack_bitmask(bitmask, vocab_size, device), -math.inf)
     return logits.index_copy(0, index, masked)
+
+
+def unpack_bitmask(bitmask: Tensor, vocab_size: int, device: torch.device) -> Tensor:
+    """[rows, W] int32 words -> [rows, vocab_size] bool (allowed), on ``device``."""
+    byte_bits = torch.tensor([1 << k for k in range(8)], dtype=torch.uint8, device=device)
+    words = bitmask.to(device, non_blocking=True).contiguous().view(torch.uint8)
+    allowed = (words.unsqueeze(-1) & byte_bits).view(bitmask.shape[0], -1).bool()
+    if allowed.shape[1] < vocab_size:  # logits wider than the tokenizer's vocabulary: padding
+        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]), value=False)
+    return allowed[:, :vocab_size]
 
 
 def _to_host(tokens: Tensor, logprobs: Tensor) -> tuple[Tensor, Tensor]:

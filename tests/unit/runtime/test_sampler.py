@@ -196,3 +196,16 @@ def test_token_mask_constrains_only_its_rows(device: str) -> None:
     first, first_lp = Sampler().sample(logits, params, [[]] * 3, [[]] * 3,
                                        [make_generator(s, device) for s in range(3)], mask)
     assert int(first[1]) == int(free_tokens[1]) and float(first_lp[1]) == float(free_lps[1])
+
+
+def test_unpack_bitmask_matches_xgrammar_kernel() -> None:
+    """The GPU path's unpacking against xgrammar's CPU kernel, on random words (sign bit included)."""
+    import xgrammar as xgr
+
+    from homeai.runtime.sampler import unpack_bitmask
+
+    words = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    logits = torch.zeros(3, 120)
+    xgr.apply_token_bitmask_inplace(logits, words, vocab_size=120)
+    assert torch.equal(unpack_bitmask(words, 120, torch.device("cpu")), logits == 0)
+    assert unpack_bitmask(words, 130, torch.device("cpu"))[:, 128:].sum() == 0  # beyond the words: forbidden
