@@ -139,6 +139,43 @@ def idle_ttft_ms(models: dict[str, LlamaModel], repeats: int = 7) -> dict[str, f
     return {f: 1e3 * statistics.median(t) for f, t in times.items()}
 
 
+def transformers_rates(source: Path | str, device: torch.device, dtype: torch.dtype, batches: list[int],
+                       steps: int, prompt_len: int = 32) -> dict[int, float]:
+    """transformers' ``generate`` on the same weights: decode tokens/s per static batch (prefill excluded by
+    timing ``steps + 1`` new tokens against 1 and taking the difference)."""
+    from transformers import LlamaConfig as HFConfig
+    from transformers import LlamaForCausalLM
+
+    if isinstance(source, str):
+        c = LlamaConfig(**SHAPES[source])
+        hf_cfg = HFConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                          num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                          num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
+                          max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=True)
+        model = LlamaForCausalLM(hf_cfg).to(dtype)
+        model.load_state_dict(dict(RandomWeights(c).items()), strict=False)
+    else:
+        model = LlamaForCausalLM.from_pretrained(source, dtype=dtype)
+    model = model.to(device).eval()
+    rates = {}
+    for batch in batches:
+        ids = torch.randint(1, model.config.vocab_size - 1, (batch, prompt_len), device=device,
+                            generator=torch.Generator(device=device).manual_seed(batch))
+
+        def gen(new: int, ids: torch.Tensor = ids) -> float:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                               min_new_tokens=new, do_sample=False, pad_token_id=0)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        gen(2)  # warm-up
+        rates[batch] = batch * steps / max(1e-9, gen(steps + 1) - gen(1))
+    return rates
+
+
 def read_bandwidth_gb_s(device: torch.device, probe_mb: int = 512) -> float:
     """Read bandwidth: the best of three sums of a large tensor (what a memory-bound step is up to)."""
     probe = torch.ones(probe_mb * 2**20 // 4, device=device)
@@ -153,8 +190,9 @@ def read_bandwidth_gb_s(device: torch.device, probe_mb: int = 512) -> float:
 
 
 def run_speed(source: Path | str, device: torch.device, dtype: torch.dtype, formats: list[str],
-              batches: list[int], steps: int = 24, log: Any = print) -> dict[str, Any]:
-    """Every figure for ``formats`` (the first is the baseline), as one JSON-ready dict."""
+              batches: list[int], steps: int = 24, log: Any = print, with_transformers: bool = False) -> dict[str, Any]:
+    """Every figure for ``formats`` (the first is the baseline), as one JSON-ready dict; with
+    ``with_transformers`` also transformers' decode rate on the same weights and device."""
     bandwidth = read_bandwidth_gb_s(device)
     models = load_models(source, device, dtype, formats)
     out: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
@@ -170,6 +208,14 @@ def run_speed(source: Path | str, device: torch.device, dtype: torch.dtype, form
         log(f"{f:>5}: {row['weight_mb']:.0f} MB, " + ", ".join(f"b{b} {rates[b][f]:.1f} tok/s" for b in batches)
             + f", {100 * row['single_stream_bw_ratio']:.0f}% of the {bound:.1f} tok/s bandwidth bound,"
             f" idle TTFT {ttft[f]:.0f} ms ({TTFT_PROMPT_TOKENS} tokens)")
+    if with_transformers:
+        del models
+        theirs = transformers_rates(source, device, dtype, batches, steps)
+        out["transformers"] = {f"decode_tok_s_b{b}": r for b, r in theirs.items()}
+        base = out["formats"][formats[0]]
+        for b in batches:
+            out[f"ours_over_transformers_b{b}"] = base[f"decode_tok_s_b{b}"] / theirs[b]
+        log("transformers: " + ", ".join(f"b{b} {r:.1f} tok/s" for b, r in theirs.items()))
     return out
 
 

@@ -18,6 +18,7 @@ def add_speed_commands(kinds: Any) -> None:
     p.add_argument("--formats", default="none,int8", help="weight formats, the first is the baseline")
     p.add_argument("--batch", default="1,16", help="decode batch sizes (default 1,16)")
     p.add_argument("--steps", type=int, default=24, help="timed decode steps per batch size")
+    p.add_argument("--transformers", action="store_true", help="also transformers' generate, same weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_speed)
     q = kinds.add_parser("quant", help="int8 against float32: greedy agreement over N prompts x T tokens")
@@ -50,7 +51,8 @@ def cmd_speed(args: argparse.Namespace) -> int:
     device = choose_device(args.device)
     source = args.shape or _folder(args.model, not args.json)
     out = run_speed(source, device, parse_dtype(args.dtype, device), args.formats.split(","),
-                    [int(b) for b in args.batch.split(",")], args.steps, log=_log(args))
+                    [int(b) for b in args.batch.split(",")], args.steps, log=_log(args),
+                    with_transformers=args.transformers)
     out.update(headline(out))
     if args.json:
         print(json.dumps(out))

@@ -41,10 +41,11 @@ def test_bad_concurrency_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 def test_speed_bench_on_random_weights(capsys: pytest.CaptureFixture[str]) -> None:
     """`homeai bench speed --shape` needs no model files (how a GPU is measured); one tiny run."""
     code = main(["bench", "speed", "--shape", "smollm2-135m", "--device", "cpu", "--batch", "1,2", "--steps", "2",
-                 "--json"])
+                 "--transformers", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["formats"]) == {"none", "int8"} and out["dtype"] == "float32"
     for row in out["formats"].values():
         assert row["decode_tok_s_b1"] > 0 and row["decode_tok_s_b2"] > 0 and row["idle_ttft_ms"] > 0
     assert out["int8_over_fp32_single"] > 0 and out["single_stream_bw_ratio"] > 0
+    assert out["transformers"]["decode_tok_s_b2"] > 0 and out["ours_over_transformers_b1"] > 0
