@@ -28,10 +28,12 @@ from homeai.store.db import sqlite_url
 START_TIMEOUT_S = 300.0  # model loading on 2 busy cores can take minutes; a hung start still fails
 STOP_TIMEOUT_S = 40.0  # longer than the server's own graceful-shutdown window, then SIGKILL
 LOG_TAIL_CHARS = 8000
-# Settings a developer's shell may hold that must not reach a test server (they would point it at a real
-# database, data directory, model folder or device).
+# Settings a developer's shell may hold that must not reach a test server: they would point it at a real
+# database, data directory or model folder, or arm the indexer's test pause point for every job. (The
+# device, HOMEAI_DEVICE, passes through: a GPU machine may run the suite on its GPU.)
 SCRUBBED_ENV = ("HOMEAI_DATA_DIR", "HOMEAI_DATABASE_URL", "HOMEAI_HOST", "HOMEAI_PORT", "HOMEAI_MODELS_DIR",
-                "HOMEAI_API_KEY", "HOMEAI_URL", "HOMEAI_JOB_ROOTS")
+                "HOMEAI_API_KEY", "HOMEAI_URL", "HOMEAI_JOB_ROOTS", "HOMEAI_TEST_PAUSE_AFTER_FILES",
+                "HOMEAI_TEST_PAUSE_MARKER")
 PORT_IN_USE = "address already in use"
 MAX_PORT_TRIES = 3
 
