@@ -148,7 +148,7 @@ async def test_jobs_screen_adds_pauses_resumes_and_cancels(tui_server: ServerPro
         def state() -> str:
             return str(httpx.get(f"{server_url}/v1/jobs/{jid}").json()["state"])
 
-        await wait_for(pilot, marker.exists)
+        await wait_for(pilot, marker.exists, timeout_s=120)  # the first file is embedded on a busy CPU
         assert state() == "running"
         screen.query_one("#jobs", ListView).index = len(screen.query(JobItem)) - 1
         await pilot.press("space")
