@@ -73,7 +73,6 @@ class Sequence:
     # Bookkeeping of the scheduler and the engine, typed rather than a grab-bag dict.
     queue_item: object | None = None  # the scheduler's handle in its class queue
     num_charged_prompt_tokens: int = 0  # prompt tokens fairness has charged (not again after preemption)
-    admitted_for_share: bool = False  # admitted to honour its class's min_share
     num_emitted_tokens: int = 0  # output tokens already handed to the stream
     error: str | None = None  # why it failed, for the client (a timeout is a status, not this text)
 
