@@ -52,7 +52,7 @@ class Batcher:
     def __init__(self, policy: Policy, llm: StepScheduler | None, clock: Clock | None = None) -> None:
         self.llm = llm
         self.clock = clock or MonotonicClock()
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # as the scheduler's: the device thread owns the batcher
         self.embed_queues: dict[str, ClassQueue] = {}
         self._busy: deque[tuple[float, float, str]] = deque()  # (start, duration, class or "llm")
         self._cost_s: dict[str, float] = {}  # EWMA of a batch's duration per class

@@ -25,7 +25,9 @@ class StepScheduler(ABC):
 
     def __init__(self) -> None:
         self.seqs: dict[int, Sequence] = {}
-        self.lock = threading.RLock()  # add() comes from asyncio threads; the device loop plans under it
+        # One thread owns a scheduler: the device loop (others post to its inbox, see DeviceLoop). The
+        # lock only keeps a direct caller from another thread (a bench, a test) from tearing a step.
+        self.lock = threading.RLock()
 
     # ---- what the batcher asks: the whole contract, so it never probes with getattr -------------
     # Queries: none of them mutates (the device thread may ask them any number of times per step).
