@@ -245,29 +245,37 @@ class ClassScheduler(MinShareMixin, StepScheduler):
     def _schedule_decodes(self, plan: StepPlan) -> None:
         """One token for every running sequence whose prompt is done, most important class first. They
         may pass the latency budget (a due token never waits) but never ``max_num_batched_tokens``."""
-        scheduled: set[int] = set()
         order = sorted(self.running, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id))
         for seq in order:
             if plan.num_tokens >= self.max_num_batched_tokens:
                 break
             if seq.status == SequenceStatus.RUNNING and seq.num_pending_tokens == 1 \
-                    and self._grow(seq, 1, plan, scheduled):
+                    and self._grow(seq, 1, plan) == 1:
                 plan.chunks.append(_chunk(seq, 1))
-                scheduled.add(seq.seq_id)
 
-    def _grow(self, seq: Sequence, n: int, plan: StepPlan, scheduled: set[int]) -> bool:
-        """KV for ``n`` more tokens of a running sequence, preempting the least important unscheduled
-        sequence (the sequence itself, if it is that one) while the pool is short."""
-        bm = self.block_manager
+    def _grow(self, seq: Sequence, n: int, plan: StepPlan) -> int:
+        """KV for up to ``n`` tokens of a running sequence beyond those computed; returns how many it
+        got. While the pool is short, the least important running sequence gives way (one planned this
+        step only if it is less important than ``seq``: its chunk is dropped; a background share keeps
+        its slots, not its blocks). When ``seq`` itself is the one to give way, it first takes the chunk
+        that fits; only when not one token fits is it preempted (two prompts that each fit the pool
+        alone would otherwise preempt each other forever)."""
+        bm, rank = self.block_manager, self._rank(seq)
         while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-            victim = self._victim(exclude=scheduled | self._others_protected(seq), max_rank=None)
-            if victim is None:
-                return False
+            keep = {c.seq_id for c in plan.chunks if self._rank(self.seqs[c.seq_id]) <= rank} - {seq.seq_id}
+            victim = self._victim(exclude=keep, max_rank=None)
+            if victim is None or victim is seq:
+                fit = (len(bm.block_table(seq.seq_id)) + bm.num_free_blocks) * bm.block_size \
+                    - seq.num_computed_tokens
+                if 1 <= fit < n:
+                    n = fit
+                    continue
+                if victim is seq:
+                    self._preempt(seq, plan)
+                return 0
             self._preempt(victim, plan)
-            if victim is seq:
-                return False
         bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
-        return True
+        return n
 
     def _serve_class(self, plan: StepPlan, state: LLMClassState, now: float, limit: int | None,
                      for_share: bool) -> None:
@@ -290,10 +298,11 @@ class ClassScheduler(MinShareMixin, StepScheduler):
                 if room() <= 0:
                     return
                 continue
-            others = self._planned(plan) - {seq.seq_id}  # it may give way itself, never a planned other
-            if seq.status == SequenceStatus.RUNNING and self._grow(seq, planned + n, plan, others):
-                self._take_tokens(plan, seq, n, for_share)
-                taken += n
+            if seq.status == SequenceStatus.RUNNING:
+                n = self._grow(seq, planned + n, plan) - planned
+                if n > 0:
+                    self._take_tokens(plan, seq, n, for_share)
+                    taken += n
         cap = state.policy.max_running
         while (n_room := room()) > 0 and (cap is None or state.num_running < cap):
             item = state.queue.peek_for_admission(now, state.vtc.pick)
@@ -389,15 +398,18 @@ class ClassScheduler(MinShareMixin, StepScheduler):
 
     def _make_room(self, seq: Sequence, n: int, rank: int, plan: StepPlan) -> bool:
         """Free a sequence slot and KV blocks for an admission, preempting strictly less important
-        classes only (even if already planned this step: their chunk is dropped), never a sequence that
-        holds a background class's share; False when that is not enough (the request keeps its place)."""
+        classes only (even if already planned this step: their chunk is dropped); a sequence that holds
+        a background class's share keeps its slot, never KV blocks a more important class needs. False
+        when that is not enough (the request keeps its place)."""
         bm = self.block_manager
-        while len(self.running) >= self.max_num_seqs or not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-            victim = self._victim(exclude=self._protected, max_rank=rank)
+        while True:
+            short_of_slots = len(self.running) >= self.max_num_seqs
+            if not short_of_slots and bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
+                return True
+            victim = self._victim(exclude=self._protected if short_of_slots else set(), max_rank=rank)
             if victim is None:
                 return False
             self._preempt(victim, plan)
-        return True
 
     # ---- results ---------------------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:

@@ -2,10 +2,11 @@
 
 A background class owed its ``min_share`` (a ``ShareBucket`` refilled by min_share of each step's token
 budget while it has work, capped at SHARE_BURST_STEPS steps' worth: no catch-up burst, nothing owed at a
-cold start) gets that many tokens before more important classes' prompt chunks. The share also holds a
-few sequence slots and KV blocks (min_share of each, its oldest running sequences): a more important
-class cannot take those, and can take everything else a background class holds, so a background job
-admitted at a cold start never locks voice out. While the house is active, a background class's prompt
+cold start) gets that many tokens before more important classes' prompt chunks. The share also keeps a
+few sequence slots (min_share of them, its oldest running sequences, while they hold at most min_share
+of the KV pool): a more important admission cannot take those slots, and can take everything else a
+background class holds, KV blocks included, so a background job admitted at a cold start never locks
+voice out. While the house is active, a background class's prompt
 chunks stay at min_share of the step's budget (at least BACKGROUND_CHUNK_TOKENS).
 
 A mixin of ``ClassScheduler``: these methods read its classes, running sequences and block manager.
@@ -50,10 +51,6 @@ class MinShareMixin:
         cap = max(BACKGROUND_CHUNK_TOKENS, int(self._budget * state.policy.min_share))
         return max(0, cap - self._share_used.get(state.name, 0))
 
-    def _others_protected(self, seq: Sequence) -> set[int]:
-        """Share-protected sequences other than ``seq``: no class may take their KV blocks."""
-        return self._protected - {seq.seq_id} if self._protected else set()
-
     def _owed_background(self) -> list[LLMClassState]:
         """Background classes with share credit, refilled by min_share of this step's budget while the
         class has work (a bucket: no catch-up bursts, nothing owed at a cold start)."""
@@ -75,8 +72,9 @@ class MinShareMixin:
 
     def _share_protected(self) -> set[int]:
         """Running sequences that hold a background class's share and no more: its oldest, at most
-        min_share of the sequence slots and of the KV pool. A more important class cannot take these;
-        everything else a background class holds is preemptible, so it never locks voice out."""
+        min_share of the sequence slots, while they hold at most min_share of the KV pool. A more
+        important admission cannot take their slots (KV blocks it needs, it can); everything else a
+        background class holds is preemptible, so it never locks voice out."""
         bm, out = self.block_manager, set()
         for state in self.classes.values():
             slots = self._share_slots(state)

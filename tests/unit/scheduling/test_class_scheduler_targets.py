@@ -5,6 +5,8 @@ chunk (3), and VTC charges a prompt at admission (6). Each test failed on the pl
 from __future__ import annotations
 
 from engine_helpers import assert_engine_empty
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_class_scheduler import Harness, abort_all, assert_completed, make_policy, tokens_of
 
 from homeai.core.sequence import SequenceStatus
@@ -154,4 +156,35 @@ def test_a_quiet_house_step_still_leaves_a_voice_arrival_within_its_ttft_target(
     h.sched.step_cost = StepCostModel(base_s=0.016, per_token_s=0.0001)
     assert h.step().num_tokens == 2048
     abort_all(h.sched)
+    assert_engine_empty(h.sched)
+
+
+# ---- random workloads through the target-sized planner ---------------------------------------------
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["voice", "chat", "summarize", "step"]),
+                              st.integers(1, 300), st.integers(1, 12)), min_size=1, max_size=60),
+       budget=st.sampled_from([32, 128, 512]), max_seqs=st.integers(2, 8), blocks=st.sampled_from([48, 256]),
+       share=st.sampled_from([0.0, 0.1, 0.3]))
+def test_random_workloads_keep_the_limits_the_share_guard_and_finish(
+        ops: list[tuple[str, int, int]], budget: int, max_seqs: int, blocks: int, share: float) -> None:
+    """Whatever arrives, with latency targets and a min_share: every plan keeps the limits (checked by
+    the harness), the share holds at most min_share of the slots, and everything finishes."""
+    policy = make_policy(budget=budget, max_num_seqs=max_seqs,
+                         voice={"targets": {"ttft_ms": 300, "itl_ms": 100}, "max_running": 4},
+                         chat={"targets": {"ttft_ms": 1000, "itl_ms": 150}},
+                         summarize={"min_share": share, "max_running": 3})
+    h = Harness(policy, num_blocks=blocks, block_size=4)
+    h.sched.step_cost = StepCostModel(base_s=0.016, per_token_s=0.0005)
+    seqs = []
+    for kind, prompt, out in ops:
+        if kind == "step":
+            h.step(dt_s=0.0)
+            h.sched.drain_rejected()
+        else:
+            prompt = min(prompt, blocks * 4 - out - 4)  # it must fit the pool on its own
+            seqs.append(h.add(kind, user=f"u{prompt % 2}", prompt_len=prompt, max_tokens=out))
+        slots = int(share * max_seqs)
+        assert len(h.sched._protected) <= slots * 1  # only one background class here
+    h.drain()
+    assert_completed(*seqs)
     assert_engine_empty(h.sched)
