@@ -31,6 +31,7 @@ from homeai.api.serving import (
     Generation,
     chat_prompt_ids,
     check_token_ids,
+    class_tool_choice_of,
     compile_constraint,
     default_max_tokens,
     gateway_of,
@@ -42,7 +43,7 @@ from homeai.api.serving import (
 from homeai.api.streaming import ndjson_line, ndjson_stream
 from homeai.api.structured import ollama_format_constraint
 from homeai.api.tool_calls import ToolCall, ToolCallParser, parse_all
-from homeai.api.tools import assistant_calls_message, parse_tools, plan_tools, tool_result_message
+from homeai.api.tools import answer_shape, assistant_calls_message, tool_result_message
 from homeai.core.types import Constraint, FinishReason, SamplingParams
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose endpoints and fields we follow
@@ -178,16 +179,13 @@ class OllamaController(Controller):
             return Response(loaded(data.model, chat=True))
         if any(m.images for m in data.messages):
             raise BadRequest(f"model {route.model!r} does not take images")
-        plan = plan_tools(parse_tools(data.tools), None, None)  # Ollama has no tool_choice: auto
-        fmt = ollama_format_constraint(data.format)
-        if plan.active and fmt is not None:
-            raise BadRequest("format cannot be combined with tools (a call is no JSON document of that shape)",
-                             param="format")
-        tool_grammar = plan.constraint()
-        constraint = (tool_grammar, "tools") if tool_grammar is not None else fmt
-        prompt_ids = await chat_prompt_ids(gateway, route.model, ollama_messages(data),
-                                           plan.tools if plan.active else None)
-        return await generate_reply(request, data, prompt_ids, route, ctx, chat=True, constraint=constraint,
+        messages = ollama_messages(data)
+        # Ollama has no tool_choice: auto, unless the class says required (policy tool_choice)
+        shape = answer_shape(data.tools, None, None, ollama_format_constraint(data.format),
+                             class_tool_choice_of(gateway, route), data.messages[-1].role == "user")
+        plan = shape.plan
+        prompt_ids = await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
+        return await generate_reply(request, data, prompt_ids, route, ctx, chat=True, constraint=shape.constraint,
                                     tools=plan.active)
 
     @post("/generate", status_code=200, summary="Completion of a prompt (NDJSON lines unless stream is false)")

@@ -9,8 +9,7 @@ from homeai.api.errors import BadRequest
 from homeai.api.openai_schemas import AssistantMessage, ChatCompletionRequest, ChatMessage
 from homeai.api.structured import response_format_constraint
 from homeai.api.tool_calls import parse_all
-from homeai.api.tools import ToolPlan, assistant_calls_message, parse_tools, plan_tools, tool_result_message
-from homeai.core.types import Constraint
+from homeai.api.tools import AnswerShape, answer_shape, assistant_calls_message, tool_result_message
 
 
 def content_text(content: Any, field: str) -> str:
@@ -64,17 +63,11 @@ def chat_message(text: str, tools: bool) -> tuple[AssistantMessage, bool]:
     return AssistantMessage(content or None, tool_calls=wire), True
 
 
-def chat_constraint(data: ChatCompletionRequest) -> tuple[ToolPlan, tuple[Constraint, str] | None]:
-    """Tools or a response format (not both: a call is no JSON document of the requested shape)."""
-    plan = plan_tools(parse_tools(data.tools), data.tool_choice, data.parallel_tool_calls)
+def chat_shape(data: ChatCompletionRequest, class_choice: str) -> AnswerShape:
+    """Tools or a response format, with the class's tool_choice when the request has none."""
     fmt = response_format_constraint(data.response_format)
-    if plan.active and fmt is not None:
-        raise BadRequest("response_format cannot be combined with callable tools; send tool_choice 'none' "
-                         "or no response_format", param="response_format")
-    tool_grammar = plan.constraint()
-    if tool_grammar is not None:
-        return plan, (tool_grammar, "tools")
-    return plan, fmt
+    user_last = data.messages[-1].role == "user"
+    return answer_shape(data.tools, data.tool_choice, data.parallel_tool_calls, fmt, class_choice, user_last)
 
 
 def chat_logprobs_wanted(data: ChatCompletionRequest) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -18,7 +18,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from homeai.api.embedding_limits import check_input_lengths
 from homeai.api.errors import BadRequest, NotFound
 from homeai.api.logprobs import chat_logprobs, completion_logprobs
-from homeai.api.openai_chat import chat_constraint, chat_logprobs_wanted, chat_message, message_dicts
+from homeai.api.openai_chat import chat_logprobs_wanted, chat_message, chat_shape, message_dicts
 from homeai.api.openai_schemas import (
     ChatChoice,
     ChatCompletion,
@@ -39,6 +39,7 @@ from homeai.api.serving import (
     Generation,
     chat_prompt_ids,
     check_token_ids,
+    class_tool_choice_of,
     compile_constraint,
     default_max_tokens,
     gateway_of,
@@ -86,10 +87,11 @@ def usage(gen: Generation) -> Usage:
 
 
 async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_tokens: int | None,
-                prompt: Any, constraint: tuple[Constraint, str] | None = None,
+                prompt: Any, constraint: Callable[[], tuple[Constraint, str] | None] | None = None,
                 logprobs: int | None = None) -> Generation:
     """Route, tokenize, queue; returns once the first token is out (or raises the HTTP error).
-    ``constraint``: the output's grammar and the request field it came from (named by a 400)."""
+    ``constraint``: the output's grammar and the request field it came from (named by a 400), asked
+    for once ``prompt`` has run (a class may decide it)."""
     if data.n != 1:
         raise BadRequest("only n=1 is supported", param="n")
     ctx = await request_context(request, data.user)
@@ -98,9 +100,10 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
     prompt_ids = await prompt(gateway, route)
     params = sampling_params(data, default_max_tokens(gateway, route, prompt_ids, max_tokens))
     params.logprobs = logprobs
-    if constraint is not None:
-        await compile_constraint(gateway, route, constraint[0], constraint[1])
-        params.constraint = constraint[0]
+    sourced = constraint() if constraint is not None else None
+    if sourced is not None:
+        await compile_constraint(gateway, route, *sourced)
+        params.constraint = sourced[0]
     gen = Generation(request, route, prompt_ids, params, ctx, kind)
     await gen.open()
     return gen
@@ -186,14 +189,18 @@ class OpenAIController(Controller):
           responses=documented(ChatCompletion, "the completion; with stream, SSE chunks and data: [DONE]"))
     async def chat_completions(self, request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[Any]:
         messages = message_dicts(data.messages)
-        plan, constraint = chat_constraint(data)
         logprobs = chat_logprobs_wanted(data)
+        shape = chat_shape(data, "auto")  # a 400 before anything else; the class may change it
 
         async def prompt(gateway: Gateway, route: Route) -> list[int]:
+            nonlocal shape
+            shape = chat_shape(data, class_tool_choice_of(gateway, route))
+            plan = shape.plan
             return await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
 
         gen = await start(request, data, "chat", data.max_completion_tokens or data.max_tokens, prompt,
-                          constraint, logprobs)
+                          lambda: shape.constraint, logprobs)
+        plan = shape.plan
         if data.stream:
             include = bool(data.stream_options and data.stream_options.include_usage)
             return sse_stream(stream_chunks(gen, "chat.completion.chunk", include, tools=plan.active))

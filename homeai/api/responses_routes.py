@@ -21,12 +21,12 @@ from homeai.api.errors import BadRequest
 from homeai.api.openai_routes import start
 from homeai.api.openai_schemas import ResponsesRequest
 from homeai.api.responses_output import OutputItems
-from homeai.api.serving import Generation, chat_prompt_ids
+from homeai.api.serving import Generation, chat_prompt_ids, class_tool_choice_of
 from homeai.api.streaming import sse_data, sse_stream
 from homeai.api.structured import text_format_constraint
 from homeai.api.tool_calls import ToolCallParser
-from homeai.api.tools import ToolPlan, assistant_calls_message, parse_tools, plan_tools, tool_result_message
-from homeai.core.types import Constraint, FinishReason
+from homeai.api.tools import AnswerShape, ToolPlan, answer_shape, assistant_calls_message, tool_result_message
+from homeai.core.types import FinishReason
 from homeai.engine.gateway import Gateway, Route
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
@@ -78,16 +78,12 @@ def input_messages(data: ResponsesRequest) -> list[dict[str, str]]:
     return messages
 
 
-def response_constraint(data: ResponsesRequest) -> tuple[ToolPlan, tuple[Constraint, str] | None]:
-    """Function tools, or a text format (not both: a call is no JSON document of that shape)."""
-    plan = plan_tools(parse_tools(data.tools), data.tool_choice, data.parallel_tool_calls)
+def response_shape(data: ResponsesRequest, class_choice: str) -> AnswerShape:
+    """Function tools or a text format, with the class's tool_choice when the request has none."""
     fmt = text_format_constraint((data.text or {}).get("format"))
-    if plan.active and fmt is not None:
-        raise BadRequest("text.format cannot be combined with callable tools", param="text.format")
-    tool_grammar = plan.constraint()
-    if tool_grammar is not None:
-        return plan, (tool_grammar, "tools")
-    return plan, fmt
+    last = data.input if isinstance(data.input, str) else data.input[-1]
+    user_last = isinstance(last, str) or (last.get("type", "message") == "message" and last.get("role") == "user")
+    return answer_shape(data.tools, data.tool_choice, data.parallel_tool_calls, fmt, class_choice, user_last)
 
 
 class _Reply:
@@ -155,12 +151,17 @@ class ResponsesController(Controller):
     @post("/responses", status_code=200, summary="Responses API (typed SSE events when stream is true)")
     async def responses(self, request: Request[Any, Any, Any], data: ResponsesRequest) -> Response[Any]:
         messages = input_messages(data)
-        plan, constraint = response_constraint(data)
+        shape = response_shape(data, "auto")  # a 400 before anything else; the class may change it
 
         async def prompt(gateway: Gateway, route: Route) -> list[int]:
+            nonlocal shape
+            shape = response_shape(data, class_tool_choice_of(gateway, route))
+            plan = shape.plan
             return await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
 
-        gen = await start(request, _AsSampling(data), "responses", data.max_output_tokens, prompt, constraint)
+        gen = await start(request, _AsSampling(data), "responses", data.max_output_tokens, prompt,
+                          lambda: shape.constraint)
+        plan = shape.plan
         reply = _Reply(gen, data, plan)
         if data.stream:
             return sse_stream(response_events(gen, reply))

@@ -203,6 +203,11 @@ async def chat_prompt_ids(gateway: Gateway, model: str, messages: list[dict[str,
         raise BadRequest(f"cannot apply the chat template: {exc}", param="messages") from exc
 
 
+def class_tool_choice_of(gateway: Gateway, route: Route) -> str:
+    """The class's tool_choice for requests that bring tools without choosing (policy ``tool_choice``)."""
+    return gateway.policy.classes[route.class_name].tool_choice
+
+
 async def compile_constraint(gateway: Gateway, route: Route, constraint: Constraint | None, field: str) -> None:
     """Compile a request's grammar on a worker thread before it is queued; a bad schema is a 400 on ``field``."""
     if constraint is None:

@@ -114,6 +114,38 @@ def plan_tools(tools: list[ToolSpec], choice: Any, parallel: bool | None, field_
     return ToolPlan(tools, "required", named, parallel)
 
 
+def class_tool_choice(choice: Any, class_choice: str, user_spoke_last: bool) -> Any:
+    """The request's ``tool_choice``, else its class's. A class's "required" holds while the user spoke
+    last; after a tool result it is "none", so the model answers in words (else it would call forever)."""
+    if choice is not None or class_choice != "required":
+        return choice
+    return "required" if user_spoke_last else "none"
+
+
+@dataclass(slots=True)
+class AnswerShape:
+    """What an answer may be, settled once the class is known: the tool plan and the grammar with the
+    request field it came from (``None``: free text)."""
+
+    plan: ToolPlan
+    constraint: tuple[Constraint, str] | None
+
+
+def answer_shape(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None,
+                 fmt: tuple[Constraint, str] | None, class_choice: str, user_spoke_last: bool) -> AnswerShape:
+    """Tools or a response format, not both (a call is no JSON document of the requested shape)."""
+    chosen = class_tool_choice(choice, class_choice, user_spoke_last)
+    if chosen is not choice and parallel is None:  # the class's "required" asks for one call a turn
+        parallel = False
+    plan = plan_tools(parse_tools(tools), chosen, parallel)
+    if plan.active and fmt is not None:
+        field = fmt[1].removesuffix(".json_schema.schema").removesuffix(".schema")  # the format itself
+        raise BadRequest(f"{field} cannot be combined with callable tools; send tool_choice 'none' or no {field}",
+                         param=field)
+    grammar = plan.constraint()
+    return AnswerShape(plan, (grammar, "tools") if grammar is not None else fmt)
+
+
 def call_text(name: str, arguments: Any) -> str:
     """A call as the model writes it (``arguments``: an object or its JSON text)."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)

@@ -90,6 +90,10 @@ class ClassPolicy(_Strict):
                              description="background: share guaranteed while backlogged, as a rate (no catch-up)")
     max_prompt_tokens: int | None = Field(None, ge=1)
     max_output_tokens: int | None = Field(None, ge=1)
+    tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="for a request that brings tools but does not choose (Ollama cannot): 'required' "
+        "makes the model make one call while the user spoke last (small models rarely choose to); after a "
+        "tool result the model answers in words")
     fairness: Fairness = Field(default_factory=Fairness)
     targets: Targets = Field(default_factory=Targets)
 
