@@ -51,8 +51,9 @@ def chunk_rows(server: ServerProcess, collection: str) -> list[tuple[str, int, s
 
 @pytest.fixture
 def armed_server(jobs_server: ServerProcess, tmp_path: Path) -> Iterator[tuple[ServerProcess, Path]]:
-    """The jobs server restarted with the pause point armed (marker in tmp), and its marker path; the
-    server is unarmed afterwards, and running again for the tests that follow."""
+    """The jobs server restarted with the pause point armed (marker in tmp), and its marker path. The
+    pause point fires once per marker, so the server may run on armed; it is unarmed for its next start,
+    and running again for the tests that follow even if this one failed with it killed."""
     marker = tmp_path / "paused"
     jobs_server.stop()
     jobs_server.env.update({PAUSE_AFTER_FILES_ENV: str(PAUSE_AFTER_FILES), PAUSE_MARKER_ENV: str(marker)})
@@ -60,10 +61,11 @@ def armed_server(jobs_server: ServerProcess, tmp_path: Path) -> Iterator[tuple[S
         jobs_server.start()
         yield jobs_server, marker
     finally:
+        marker.touch()  # a server still armed and running never pauses again
         jobs_server.env.pop(PAUSE_AFTER_FILES_ENV)
         jobs_server.env.pop(PAUSE_MARKER_ENV)
-        jobs_server.stop()
-        jobs_server.start()
+        if jobs_server.proc is None:
+            jobs_server.start()
 
 
 def wait_paused(http: httpx.Client, job_id: int, marker: Path, timeout_s: float = 180.0) -> None:
