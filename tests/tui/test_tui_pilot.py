@@ -17,7 +17,7 @@ import httpx
 import pytest
 from server_launcher import ServerProcess
 from textual.pilot import Pilot
-from textual.widgets import DataTable, ListView, OptionList, Static, TextArea
+from textual.widgets import DataTable, Label, ListView, OptionList, Static, TextArea
 
 from homeai.jobs.pause_point import PAUSE_MARKER_ENV
 from tui.app import MonitorApp
@@ -155,6 +155,8 @@ async def test_jobs_screen_adds_pauses_resumes_and_cancels(tui_server: ServerPro
         await wait_for(pilot, lambda: "pause" in text_of(screen.query_one("#jobs-note", Static)))
         assert "failed" not in text_of(screen.query_one("#jobs-note", Static))
         assert state() == "paused"
+        row = screen.query(JobItem).last()  # space toggles by the state on screen: wait until it shows
+        await wait_for(pilot, lambda: "paused" in str(row.query_one(".what", Label).render()))
         await pilot.press("space")
         await wait_for(pilot, lambda: "resume" in text_of(screen.query_one("#jobs-note", Static)))
         assert state() != "paused"
