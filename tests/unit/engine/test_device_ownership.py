@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import SamplingParams, StepOutput, StepPlan, TokenDelta
-from homeai.engine.device_loop import DeviceLoop
+from homeai.engine.device_loop import IDLE_WAIT_S, DeviceLoop
 from homeai.engine.embed_service import EmbedInput, EmbedService
 from homeai.engine.llm_engine import LLMEngine
 from homeai.policy.loader import parse_policy
@@ -54,7 +54,8 @@ classes:
   chat: {{kind: llm, model: m, priority: 1, max_batch_size: 8, max_queue_delay_microseconds: {chat_delay_us},
          default_queue_policy: {{max_queue_size: 6, timeout_action: DELAY, default_timeout_microseconds: 30000}}}}
   summarize: {{kind: llm, model: m, priority: 2, background: true, min_share: 0.1, max_batch_size: 4,
-              max_queue_delay_microseconds: 50000, max_running: 2, default_queue_policy: {{max_queue_size: 6}}}}
+              max_queue_delay_microseconds: 50000, max_running: 2,
+              default_queue_policy: {{max_queue_size: 3, timeout_action: REJECT, default_timeout_microseconds: 60000}}}}
   search: {{kind: embedding, model: e, priority: 1, max_batch_size: 4, preferred_batch_size: [4],
            max_queue_delay_microseconds: 2000,
            default_queue_policy: {{max_queue_size: 5, timeout_action: REJECT, default_timeout_microseconds: 20000}}}}
@@ -194,6 +195,8 @@ class OwnershipMachine(RuleBasedStateMachine):
                 self.device.wake = wake_event
             assert waits and waits[0] > 0, f"a 0 s idle wait at {now}: the loop would spin"
             wake = self.batcher.next_wake_s(after=now)
+            # it sleeps until the next deadline (a window closing, a timeout), capped by IDLE_WAIT_S
+            assert waits[0] == (IDLE_WAIT_S if wake is None else min(IDLE_WAIT_S, wake - now))
             self.clock.set(wake if wake is not None else now + 0.05)
 
     def _all_ended(self) -> bool:
@@ -208,7 +211,7 @@ class OwnershipMachine(RuleBasedStateMachine):
 
     # ---- rules: other threads post -----------------------------------------------------------------
     @rule(cls=st.sampled_from(LLM_CLASSES), user=st.sampled_from(USERS), prompt=st.integers(1, 40),
-          max_tokens=st.integers(1, 8), timeout_us=st.sampled_from([None, 5000]),
+          max_tokens=st.integers(1, 8), timeout_us=st.sampled_from([None, 1000, 5000]),
           while_stepping=st.booleans())
     def post_llm(self, cls: str, user: str, prompt: int, max_tokens: int, timeout_us: int | None,
                  while_stepping: bool) -> None:
