@@ -134,10 +134,11 @@ class AnswerShape:
 def answer_shape(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None,
                  fmt: tuple[Constraint, str] | None, class_choice: str, user_spoke_last: bool) -> AnswerShape:
     """Tools or a response format, not both (a call is no JSON document of the requested shape)."""
-    chosen = class_tool_choice(choice, class_choice, user_spoke_last)
+    specs = parse_tools(tools)
+    chosen = class_tool_choice(choice, class_choice, user_spoke_last) if specs else choice
     if chosen is not choice and parallel is None:  # the class's "required" asks for one call a turn
         parallel = False
-    plan = plan_tools(parse_tools(tools), chosen, parallel)
+    plan = plan_tools(specs, chosen, parallel)
     if plan.active and fmt is not None:
         field = fmt[1].removesuffix(".json_schema.schema").removesuffix(".schema")  # the format itself
         raise BadRequest(f"{field} cannot be combined with callable tools; send tool_choice 'none' or no {field}",
