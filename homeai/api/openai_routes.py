@@ -102,6 +102,8 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
     params.logprobs = logprobs
     sourced = constraint() if constraint is not None else None
     if sourced is not None:
+        if params.ignore_eos:  # a finished grammar allows only the end: ignoring it leaves no token
+            raise BadRequest(f"ignore_eos cannot be combined with {sourced[1]}", param="ignore_eos")
         await compile_constraint(gateway, route, *sourced)
         params.constraint = sourced[0]
     gen = Generation(request, route, prompt_ids, params, ctx, kind)

@@ -127,6 +127,7 @@ def test_unhonourable_combinations_are_400_naming_the_field(client: OpenAI) -> N
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"response_format": {"type": "json_object"}, "extra_body": {"ignore_eos": True}}, "ignore_eos"),
     ]
     for extra, field in cases:
         with pytest.raises(BadRequestError) as err:
