@@ -134,3 +134,16 @@ def test_unsupported_sources_are_named(tmp_path: Path, monkeypatch: pytest.Monke
         from homeai.repository.sources import entry_for
 
         entry_for(str(tmp_path / "nothing-here"))
+
+
+def test_pull_a_hugging_face_folder_records_its_files(pulled_models: dict[str, Path], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = pulled_models[LLM]  # the packaged model's converted folder is a plain HF folder
+    models = tmp_path / "models"
+    monkeypatch.setenv("HOMEAI_MODELS_DIR", str(models))
+    assert cli_main(["pull", str(folder), "--as", "smol-folder", "--quantization", "int8"]) == 0
+    entry = load_entry(models / "smol-folder.yaml")
+    assert entry.source.kind == "hf_folder" and entry.quantization == "int8"
+    recorded = {f.path: f.sha256 for f in entry.source.files}  # type: ignore[union-attr]
+    assert recorded["model.safetensors"] == sha256(folder / "model.safetensors") and "config.json" in recorded
+    assert pull(entry, tmp_path / "cache", progress=False) == folder  # loaded where it is, nothing copied
