@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import xgrammar as xgr
 from homeai.core.types import Constraint, ConstraintKind
 
 log = logging.getLogger(__name__)
+_SOURCE_LOCATION = re.compile(r"\[[\d:]+\] \S+:\d+: ")
 
 
 class GrammarError(ValueError):
@@ -63,7 +65,8 @@ class GrammarCache:
             if constraint.kind == ConstraintKind.STRUCTURAL_TAG:
                 return self._compiler.compile_structural_tag(json.dumps(compact_json(json.loads(constraint.spec))))
         except (RuntimeError, ValueError, json.JSONDecodeError) as exc:
-            raise GrammarError(f"cannot compile the {constraint.kind} constraint: {exc}") from exc
+            reason = _SOURCE_LOCATION.sub("", str(exc)).strip()  # "[03:26:24] /project/cpp/x.cc:5082: "
+            raise GrammarError(f"cannot compile the {constraint.kind} constraint: {reason}") from exc
         raise GrammarError(f"unknown constraint kind {constraint.kind!r}")
 
 

@@ -21,6 +21,7 @@ from homeai.core.sequence import Sequence
 from homeai.core.types import Constraint, ConstraintKind, SamplingParams
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
 from homeai.engine.llm_engine import LLMEngine
+from homeai.runtime.grammar import GrammarError
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +125,12 @@ def reference_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
     folder = Path(engine.tokenizer.name_or_path)
     model = LlamaForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32)
     return model(torch.tensor([ids])).logits[0].float()
+
+
+def test_grammars_are_cached_and_bad_schemas_explained(engine: LLMEngine) -> None:
+    grammars = engine.runner.grammars
+    assert grammars is not None
+    assert grammars.compile(JSON_SCHEMA) is grammars.compile(Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMA)))
+    with pytest.raises(GrammarError) as err:
+        grammars.compile(Constraint(ConstraintKind.JSON_SCHEMA, '{"type": "nope"}'))
+    assert "nope" in str(err.value) and ".cc:" not in str(err.value)
