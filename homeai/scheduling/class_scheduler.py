@@ -29,7 +29,7 @@ from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
 from homeai.scheduling.min_share import MinShareMixin
 from homeai.scheduling.share_bucket import ShareBucket
-from homeai.scheduling.step_budget import ClassTargets, StepCostModel, step_token_budget
+from homeai.scheduling.step_budget import MIN_STEP_TOKENS, ClassTargets, StepCostModel, step_token_budget
 
 INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps steps sized by the targets
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
@@ -203,6 +203,10 @@ class ClassScheduler(MinShareMixin, StepScheduler):
             self._shed_over_limits(plan)  # 0. lowered caps hold from this step
             self._protected = self._share_protected()
             self._schedule_decodes(plan)  # 1. every running decode: tokens are due, and cheap
+            # Decodes may pass the latency budget, but must not take all of it: where even a short step
+            # outlasts the targets (a slow or busy CPU), prompts keep MIN_STEP_TOKENS beside the decodes,
+            # or a waiting voice request would not be admitted until enough decodes finished.
+            self._budget = max(self._budget, min(self.max_num_batched_tokens, plan.num_tokens + MIN_STEP_TOKENS))
             for state in self._owed_background():  # 2. background classes owed their min_share
                 self._serve_class(plan, state, now, limit=int(state.bucket.credit), for_share=True)
             for state in sorted(self.classes.values(), key=lambda c: c.rank):  # 3. by class importance

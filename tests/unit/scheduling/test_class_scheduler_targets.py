@@ -12,7 +12,12 @@ from test_class_scheduler import Harness, abort_all, assert_completed, make_poli
 from homeai.core.sequence import SequenceStatus
 from homeai.scheduling.class_scheduler import INTERACTIVE_HORIZON_S
 from homeai.scheduling.min_share import SHARE_BURST_STEPS
-from homeai.scheduling.step_budget import ITL_STEP_FRACTION, QUIET_TTFT_STEP_FRACTION, StepCostModel
+from homeai.scheduling.step_budget import (
+    ITL_STEP_FRACTION,
+    MIN_STEP_TOKENS,
+    QUIET_TTFT_STEP_FRACTION,
+    StepCostModel,
+)
 
 
 # ---- finding 1: a cold start is not starvation; a share never locks voice out ----------------------
@@ -113,6 +118,27 @@ def test_a_step_lasts_no_longer_than_the_tightest_itl_share_while_voice_decodes(
     assert tokens_of(h.plans[2], chat) > 0  # chat still makes progress beside voice
     h.drain()
     assert_completed(voice, chat, bg)
+    assert_engine_empty(h.sched)
+
+
+def test_on_a_device_slower_than_the_targets_decodes_leave_room_for_a_voice_prompt() -> None:
+    """A busy 2-core CPU (200 ms + 5 ms per token): no step meets voice's targets, so the budget is
+    MIN_STEP_TOKENS. Twenty chat decodes are due; a voice request's prompt still runs in the next step
+    beside all of them (before: the decodes took the whole budget and voice waited for chats to end)."""
+    policy = make_policy(budget=2048, max_num_seqs=32, voice={"targets": {"ttft_ms": 300, "itl_ms": 100}},
+                         chat={"targets": {"ttft_ms": 1000, "itl_ms": 150}})
+    h = Harness(policy, num_blocks=1024, block_size=4)
+    chats = [h.add("chat", user=f"u{i % 2}", prompt_len=8, max_tokens=40) for i in range(20)]
+    while any(c.num_output_tokens == 0 for c in chats):
+        h.step()
+    h.sched.step_cost = StepCostModel(base_s=0.2, per_token_s=0.005)
+    assert h.sched.step_token_budget() == MIN_STEP_TOKENS
+    voice = h.add("voice", prompt_len=12, max_tokens=3)
+    plan = h.step()
+    assert tokens_of(plan, voice) == 12 and all(tokens_of(plan, c) == 1 for c in chats)
+    assert plan.num_tokens <= len(chats) + MIN_STEP_TOKENS
+    h.drain()
+    assert_completed(voice, *chats)
     assert_engine_empty(h.sched)
 
 
