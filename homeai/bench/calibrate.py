@@ -1,7 +1,8 @@
 """`homeai bench calibrate`: fit the simulator's cost model on the real runtime of this machine.
 
 Times LLM steps of known shape (decodes of 1..32 sequences, prefill chunks of 64..512 tokens) and
-embedding batches, then fits the linear cost model by least squares.
+embedding batches, then fits the linear cost model by least squares. The profile is written to the cache
+dir (``calibration.json``): the server's step planner starts from it instead of a generic default.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from homeai.core.types import SamplingParams
+from homeai.scheduling.step_budget import CALIBRATION_FILE
 from homeai.sim.cost_model import CostModel
 
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, help="write the profile JSON here (default: print only)")
+    p.add_argument("--out", type=Path, help="write the profile JSON here (default: calibration.json in the cache "
+                   "dir, where the server seeds its step cost model from; the online fit takes over)")
     p.add_argument("--device")
     p.add_argument("--repeats", type=int, default=3)
 
@@ -71,7 +74,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
     ecoef = np.clip(np.linalg.lstsq(ea, np.array([d for _, d in erows]), rcond=None)[0], 0, None)
     model = CostModel(f"calibrated-{engine.runner.device}", float(coef[0]), float(coef[1]), float(coef[2]),
                       float(coef[3]), float(ecoef[0]), float(ecoef[1]))
-    if args.out:
-        model.save(args.out)
+    model.save(args.out or cache / CALIBRATION_FILE)
     print(json.dumps(asdict(model), indent=2))
     return 0

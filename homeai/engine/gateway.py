@@ -22,12 +22,14 @@ from homeai.engine.llm_engine import LLMEngine, RequestError
 from homeai.engine.metering import Meter, Submission
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
+from homeai.repository.cache import default_cache_dir
 from homeai.repository.entries import ModelEntry, load_entries
 from homeai.repository.pull import pull
 from homeai.runtime.device import choose_device, process_rss_mb
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
 from homeai.scheduling.class_scheduler import ClassScheduler
+from homeai.scheduling.step_budget import CALIBRATION_FILE, load_step_cost
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,9 @@ class Gateway:
         for name in llm_models:
             entry = self._entry(name)
             folder = self._folder(entry)
-            scheduler = ClassScheduler(None, policy, model=name)
+            # Steps are sized from this device's measured cost (`homeai bench calibrate`), fitted online after.
+            seed = load_step_cost((cfg.cache_dir or default_cache_dir()) / CALIBRATION_FILE)
+            scheduler = ClassScheduler(None, policy, model=name, step_cost=seed)
             ecfg = EngineConfig(device=str(device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=cfg.kv_cache_mb,
                                 max_model_len=cfg.max_model_len or entry.served_len,
                                 quantization=entry.quantization)
@@ -117,8 +121,6 @@ class Gateway:
         return self.entries[name]
 
     def _folder(self, entry: ModelEntry) -> Path:
-        from homeai.repository.cache import default_cache_dir
-
         cache = self.config.cache_dir or default_cache_dir()
         if not entry.is_present(cache):
             if not self.config.pull_missing:

@@ -18,13 +18,19 @@ profile), and ``step_token_budget`` turns the targets of the interactive classes
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 ITL_STEP_FRACTION = 0.6
 TTFT_STEP_FRACTION = 0.4
 QUIET_TTFT_STEP_FRACTION = 0.75
 MIN_STEP_TOKENS = 16
 _DECAY = 0.97  # weight of older observations per new one (about the last 30 steps count)
+CALIBRATION_FILE = "calibration.json"  # in the cache dir: what `homeai bench calibrate` measured here
 
 
 @dataclass(slots=True)
@@ -68,6 +74,23 @@ class StepCostModel:
         self._sy += w * y
         self._sxx += w * x * x
         self._sxy += w * x * y
+
+
+def load_step_cost(path: Path) -> StepCostModel | None:
+    """The seed of a device's step cost from a profile written by ``homeai bench calibrate`` (a decode
+    step's per-sequence cost counts per token); None when there is none, or it cannot be read."""
+    try:
+        fit = json.loads(path.read_text())
+        base_s, per_token_s = float(fit["base_s"]), float(fit["per_token_s"]) + float(fit.get("per_seq_s", 0.0))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.warning("ignoring the step cost calibration %s: %s", path, exc)
+        return None
+    if base_s < 0 or per_token_s <= 0:
+        log.warning("ignoring the step cost calibration %s: base_s %s, per_token_s %s", path, base_s, per_token_s)
+        return None
+    return StepCostModel(base_s, per_token_s)
 
 
 @dataclass(slots=True, frozen=True)
