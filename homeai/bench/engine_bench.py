@@ -223,7 +223,7 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
                     out["single_stream_tok_s"] = statistics.median(ours.decode_tok_s or [0.0])
                 log(_line(row))
         prompts = make_prompts(engine.tokenizer, 16, cfg)
-        out.update(constrained_overhead(engine, prompts, max(cfg.uniform_tokens, 32), log=log))
+        out.update(constrained_overhead(engine, prompts, max(cfg.uniform_tokens, 64), log=log))
     finally:
         engine.shutdown()
     out.update(speed_figures(folder, cfg, log))

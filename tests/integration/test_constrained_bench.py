@@ -15,10 +15,10 @@ pytestmark = pytest.mark.slow
 
 def test_constrained_overhead_reports_both_rates(pulled_models: dict[str, Path]) -> None:
     engine = build_llm_engine(pulled_models["smollm2-135m-instruct"],
-                              EngineConfig(device="cpu", dtype="float32", kv_cache_mb=16, max_num_seqs=STREAMS))
+                              EngineConfig(device="cpu", dtype="float32", kv_cache_mb=64, max_num_seqs=STREAMS))
     engine.start()
     try:
-        out = constrained_overhead(engine, make_prompts(engine.tokenizer, STREAMS, BenchConfig()), 4, rounds=1,
+        out = constrained_overhead(engine, make_prompts(engine.tokenizer, STREAMS, BenchConfig()), 16, rounds=1,
                                    log=lambda _line: None)
     finally:
         engine.shutdown()

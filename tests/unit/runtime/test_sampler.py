@@ -209,3 +209,20 @@ def test_unpack_bitmask_matches_xgrammar_kernel() -> None:
     xgr.apply_token_bitmask_inplace(logits, words, vocab_size=120)
     assert torch.equal(unpack_bitmask(words, 120, torch.device("cpu")), logits == 0)
     assert unpack_bitmask(words, 130, torch.device("cpu"))[:, 128:].sum() == 0  # beyond the words: forbidden
+
+
+@pytest.mark.parametrize("density", [0.02, 0.5, 0.98])
+def test_token_mask_on_cpu_matches_the_dense_reference(density: float) -> None:
+    """Both CPU strategies (write the allowed / write the forbidden), every row or some, any density."""
+    from homeai.runtime.sampler import apply_token_mask, unpack_bitmask
+
+    g = torch.Generator().manual_seed(int(density * 100))
+    allowed = torch.rand(4, 100, generator=g) < density
+    allowed[:, 0] = True
+    words = bitmask_allowing([row.nonzero().flatten().tolist() for row in allowed], vocab=100)
+    assert torch.equal(unpack_bitmask(words, 100, torch.device("cpu")), allowed)
+    logits = random_logits(4, seed=2, vocab=100).t().contiguous().t()  # non-contiguous on purpose
+    everyone = apply_token_mask(logits, words, [0, 1, 2, 3])
+    assert torch.equal(everyone, logits.masked_fill(~allowed, -math.inf))
+    some = apply_token_mask(logits, words[[1, 3]], [1, 3])
+    assert torch.equal(some[[0, 2]], logits[[0, 2]]) and torch.equal(some[[1, 3]], everyone[[1, 3]])
