@@ -25,6 +25,7 @@ from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
 from homeai.scheduling.class_queue import QueueFullError
 from homeai.scheduling.class_scheduler import ClassScheduler
+from homeai.scheduling.step_budget import load_step_cost
 from homeai.sim.household import class_figures, fifo_mapping, jain_chat, ours_mapping, single_queue_policy
 from homeai.sim.simulator import FAKE_TOKEN, Mapping, RequestRecord, SimResult
 from homeai.sim.trace import TraceRequest, household
@@ -54,9 +55,10 @@ class RealReplay:
     """One policy's run: its own scheduler, batcher and device loop over shared model weights."""
 
     def __init__(self, policy: Policy, mapping: Mapping, llm_folder: Path, embedder: Embedder,
-                 embed_model: str) -> None:
+                 embed_model: str, calibration: Path | None = None) -> None:
         self.mapping = mapping
-        scheduler = ClassScheduler(None, policy)
+        # Seeded as the server seeds it (this machine's `homeai bench calibrate`), fitted online after.
+        scheduler = ClassScheduler(None, policy, step_cost=load_step_cost(calibration) if calibration else None)
         self.engine = build_llm_engine(llm_folder, EngineConfig(kv_cache_mb=128), scheduler)
         self.batcher = Batcher(policy, scheduler)
         self.embed = EmbedService(self.batcher, {embed_model: embedder})
@@ -122,8 +124,15 @@ class RealReplay:
 
 
 def run_household_engine(policy_path: Path, llm_folder: Path, embed_folder: Path, embed_model: str,
-                         horizon_s: float = 30.0, log: Any = print) -> dict[str, Any]:
+                         horizon_s: float = 30.0, log: Any = print, calibration: Path | None = None) -> dict[str, Any]:
+    """Ours and FIFO, each with and without background; ``voice_ttft_p99_ratio`` is ours (mix / quiet),
+    ``fifo_over_ours_voice_ttft_p99_ratio`` FIFO's ratio over ours, ``fifo_over_ours_voice_ttft_p99_s``
+    FIFO's voice TTFT p99 in the mix over ours. The load average is noted: ratios count, not seconds."""
+    import os
+
     import torch
+
+    load_start = os.getloadavg()
 
     ours = load_policy(policy_path)
     embedder = Embedder.load(embed_folder, torch.device("cpu"))
@@ -135,15 +144,27 @@ def run_household_engine(policy_path: Path, llm_folder: Path, embed_folder: Path
         runs = {}
         for label, trace in (("mix", mix), ("quiet", quiet), ("alone", alone)):
             log(f"{name}: {label} ({horizon_s:.0f} s)")
-            replay = RealReplay(copy.deepcopy(policy), mapping, llm_folder, embedder, embed_model)
+            replay = RealReplay(copy.deepcopy(policy), mapping, llm_folder, embedder, embed_model, calibration)
             runs[label] = asyncio.run(replay.run(trace, horizon_s))
         figs = class_figures(runs["mix"])
         v_mix = figs.get("voice", {}).get("ttft_p99_s")
         v_quiet = class_figures(runs["quiet"]).get("voice", {}).get("ttft_p99_s")
         bg = [sum(runs[k].processed_tokens.get(c, 0) for c in ("indexing", "summarize")) for k in ("mix", "alone")]
         report[name] = {"voice_ttft_p99_ratio": v_mix / v_quiet if v_mix and v_quiet else None,
+                        "voice_ttft_p99_s": v_mix, "voice_ttft_p99_quiet_s": v_quiet,
                         "background_throughput_ratio": bg[0] / bg[1] if bg[1] else None,
                         "jain_chat": jain_chat(runs["mix"]), "classes": figs}
     out = dict(report["ours"])
-    out.update({"horizon_s": horizon_s, "profile": "real engine", "baselines": {"fifo": report["fifo"]}})
+    ours, fifo = report["ours"], report["fifo"]
+    ratio = "voice_ttft_p99_ratio"
+    out.update({"fifo_over_ours_voice_ttft_p99_ratio": _over(fifo[ratio], ours[ratio]),
+                "fifo_over_ours_voice_ttft_p99_s": _over(fifo["voice_ttft_p99_s"], ours["voice_ttft_p99_s"]),
+                "horizon_s": horizon_s, "profile": "real engine", "threads": torch.get_num_threads(),
+                "calibrated": bool(calibration and calibration.exists()),
+                "load_avg_1m": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+                "baselines": {"fifo": fifo}})
     return out
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None

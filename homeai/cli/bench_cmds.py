@@ -117,9 +117,18 @@ def _household_engine(args: argparse.Namespace, llm_folder: Any, log: Any) -> in
     from homeai.repository.cache import default_cache_dir
     from homeai.repository.entries import get_entry
     from homeai.repository.pull import pull
+    from homeai.scheduling.step_budget import CALIBRATION_FILE
 
+    if args.threads:  # on a busy shared CPU, fewer threads avoid OpenMP stalls
+        import os
+
+        import torch
+
+        os.environ["HOMEAI_CPU_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     embed_folder = pull(get_entry("all-minilm-l6-v2"), default_cache_dir(), progress=not args.json)
-    report = run_household_engine(DEFAULT_POLICY, llm_folder, embed_folder, "all-minilm-l6-v2", args.horizon, log)
+    report = run_household_engine(DEFAULT_POLICY, llm_folder, embed_folder, "all-minilm-l6-v2", args.horizon, log,
+                                  calibration=default_cache_dir() / CALIBRATION_FILE)
     if args.json:
         print(json.dumps(report))
     else:
