@@ -172,3 +172,17 @@ def test_logprobs_are_log_softmax_of_the_model_logits(client: OpenAI, pulled_mod
     lp = done.choices[0].logprobs
     assert lp is not None and len(lp.tokens or []) == len(lp.token_logprobs or []) == 4
     assert "".join(lp.tokens or []) == done.choices[0].text
+
+
+def test_responses_text_format_and_streamed_logprobs(client: OpenAI) -> None:
+    room: Any = {"format": {"type": "json_schema", "name": "room", "schema": ROOM, "strict": True}}
+    answer = client.responses.create(model=LLM, input="Describe the kitchen lights as JSON.", text=room,
+                                     temperature=0, max_output_tokens=64)
+    jsonschema.validate(json.loads(answer.output_text), ROOM)
+    kwargs: dict[str, Any] = {"model": LLM, "messages": [{"role": "user", "content": "Name a fruit."}],
+                              "temperature": 0, "max_tokens": 5, "logprobs": True, "top_logprobs": 2}
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content  # type: ignore[union-attr]
+    streamed = [entry for chunk in client.chat.completions.create(**kwargs, stream=True) if chunk.choices
+                and chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content or []]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in whole]
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
