@@ -36,6 +36,7 @@ class GrammarCache:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], max_entries: int = 128) -> None:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self.vocab_size = vocab_size
+        self.stop_token_ids = list(stop_token_ids)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._cache: OrderedDict[Constraint, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -49,6 +50,10 @@ class GrammarCache:
                 self._cache.move_to_end(constraint)
                 return hit
         compiled = self._compile(constraint)
+        probe = xgr.allocate_token_bitmask(1, self.vocab_size)
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(probe, 0)
+        if not bool(probe.any()):  # say {"anyOf": []}: no first token, the request could only fail
+            raise GrammarError(f"the {constraint.kind} constraint accepts no output at all")
         with self._lock:
             self._cache[constraint] = compiled
             while len(self._cache) > self._max_entries:
@@ -84,6 +89,11 @@ def compact_json(node: Any) -> Any:
     return {key: compact_json(value) for key, value in node.items()}
 
 
+def _bit(index: int) -> int:
+    """Bit ``index`` of an int32 word, as a Python int that fits int32 (bit 31 is the sign)."""
+    return (1 << index) - (1 << 32 if index == 31 else 0)
+
+
 @dataclass(slots=True)
 class _MatcherState:
     matcher: xgr.GrammarMatcher
@@ -106,6 +116,9 @@ class SequenceGrammars:
         for row, (seq_id, constraint, output) in enumerate(zip(seq_ids, constraints, outputs, strict=True)):
             state = self._state(seq_id, constraint, output)
             state.matcher.fill_next_token_bitmask(bitmask, row)
+            if not bool(bitmask[row].any()):  # a dead end (a refused token): let the sequence end
+                for stop_id in self.cache.stop_token_ids:
+                    bitmask[row, stop_id // 32] |= _bit(stop_id % 32)
         return bitmask
 
     def advance(self, seq_id: int, token_id: int) -> None:
