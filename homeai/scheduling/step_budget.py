@@ -11,6 +11,8 @@ profile), and ``step_token_budget`` turns the targets of the interactive classes
 - while interactive classes are active (running, waiting or seen lately), a step lasts at most
   ``TTFT_STEP_FRACTION`` of the tightest TTFT target, so a request arriving during a step still gets its
   own step within its target;
+- never less token work than the step's fixed cost (``base_s``): where that outlasts the targets, a
+  smaller step would not meet them either, and would only waste the device on fixed costs;
 - when only background work runs, the budget is the configured maximum, cut only where one step would
   eat most of a TTFT target by itself (``QUIET_TTFT_STEP_FRACTION``; a slow CPU), so the first voice
   request after a quiet period is not stuck behind a step longer than its target.
@@ -114,4 +116,8 @@ def step_token_budget(cost: StepCostModel, max_tokens: int, classes: list[ClassT
             limits_s.append((TTFT_STEP_FRACTION if active else QUIET_TTFT_STEP_FRACTION) * c.ttft_s)
     if not limits_s:
         return max_tokens
-    return max(MIN_STEP_TOKENS, min(max_tokens, cost.tokens_within(min(limits_s))))
+    # Where the targets leave a step less token work than its fixed cost (a slow or busy CPU, on which no
+    # step meets them anyway), cutting further only multiplies fixed costs: the device saturates and
+    # every wait, voice's included, grows. A step keeps at least as much token work as its fixed cost.
+    floor = max(MIN_STEP_TOKENS, cost.tokens_within(2 * cost.base_s))
+    return min(max_tokens, max(floor, cost.tokens_within(min(limits_s))))

@@ -16,7 +16,9 @@ from homeai.scheduling.step_budget import (
     ITL_STEP_FRACTION,
     MIN_STEP_TOKENS,
     QUIET_TTFT_STEP_FRACTION,
+    ClassTargets,
     StepCostModel,
+    step_token_budget,
 )
 
 
@@ -122,7 +124,7 @@ def test_a_step_lasts_no_longer_than_the_tightest_itl_share_while_voice_decodes(
 
 
 def test_on_a_device_slower_than_the_targets_decodes_leave_room_for_a_voice_prompt() -> None:
-    """A busy 2-core CPU (200 ms + 5 ms per token): no step meets voice's targets, so the budget is
+    """A busy 2-core CPU (100 ms + 10 ms per token): no step meets voice's targets, so the budget is
     MIN_STEP_TOKENS. Twenty chat decodes are due; a voice request's prompt still runs in the next step
     beside all of them (before: the decodes took the whole budget and voice waited for chats to end)."""
     policy = make_policy(budget=2048, max_num_seqs=32, voice={"targets": {"ttft_ms": 300, "itl_ms": 100}},
@@ -131,7 +133,7 @@ def test_on_a_device_slower_than_the_targets_decodes_leave_room_for_a_voice_prom
     chats = [h.add("chat", user=f"u{i % 2}", prompt_len=8, max_tokens=40) for i in range(20)]
     while any(c.num_output_tokens == 0 for c in chats):
         h.step()
-    h.sched.step_cost = StepCostModel(base_s=0.2, per_token_s=0.005)
+    h.sched.step_cost = StepCostModel(base_s=0.1, per_token_s=0.01)
     assert h.sched.step_token_budget() == MIN_STEP_TOKENS
     voice = h.add("voice", prompt_len=12, max_tokens=3)
     plan = h.step()
@@ -140,6 +142,17 @@ def test_on_a_device_slower_than_the_targets_decodes_leave_room_for_a_voice_prom
     h.drain()
     assert_completed(voice, *chats)
     assert_engine_empty(h.sched)
+
+
+def test_a_step_never_has_less_token_work_than_its_fixed_cost() -> None:
+    """Where the targets would cut a step below its fixed cost's worth of tokens (190 ms + 4 ms per token,
+    voice ITL 100 ms), the step takes that much (47 tokens): 16-token steps met no target either and spent
+    most of the device on fixed costs. A fast device's budget is still the target's."""
+    voice = ClassTargets(ttft_s=0.3, itl_s=0.1, running=True, active=True)
+    slow = StepCostModel(base_s=0.19, per_token_s=0.004)
+    assert step_token_budget(slow, 2048, [voice]) == slow.tokens_within(2 * slow.base_s) == 47
+    fast = StepCostModel(base_s=0.016, per_token_s=0.0001)
+    assert step_token_budget(fast, 2048, [voice]) == fast.tokens_within(ITL_STEP_FRACTION * 0.1) == 440
 
 
 def test_the_step_cost_model_fits_measured_steps() -> None:
