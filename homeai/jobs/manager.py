@@ -87,7 +87,7 @@ class JobManager:
         for job in await jobs.all(states=["running", "queued"]):
             if job.schedule and self.scheduler.get_job(aps_id(job.id)) is None and job.state == "queued":
                 try:
-                    self._schedule(job)
+                    await self._schedule(job)
                 except ValueError as e:  # a one-time schedule that passed while the server was down
                     log.warning("job %d: schedule %r not restored: %s", job.id, job.schedule, e)
             if job.state == "running" or not job.schedule:
@@ -100,15 +100,17 @@ class JobManager:
             parse_schedule(schedule)  # ValueError before anything is stored
         job = await self.store.jobs.create(kind, spec, schedule, created_by)
         if schedule:
-            self._schedule(job)
+            await self._schedule(job)
         else:
             self.launch(job.id)
         return job
 
-    def _schedule(self, job: JobInfo) -> None:
+    async def _schedule(self, job: JobInfo) -> None:
+        # APScheduler's store is blocking SQL: on the event loop it would wait for an aiosqlite write that
+        # needs the loop to commit ("database is locked" after the busy timeout); a thread lets it finish.
         assert job.schedule is not None
-        self.scheduler.add_job(fire, parse_schedule(job.schedule), args=[job.id], id=aps_id(job.id),
-                               name=f"{job.kind} job {job.id}", replace_existing=True)
+        await asyncio.to_thread(self.scheduler.add_job, fire, parse_schedule(job.schedule), args=[job.id],
+                                id=aps_id(job.id), name=f"{job.kind} job {job.id}", replace_existing=True)
 
     async def pause(self, job_id: int) -> bool:
         """Pause a job (False: it is done or failed and has no schedule left to pause)."""
@@ -118,7 +120,7 @@ class JobManager:
                                                               + (["done", "failed"] if job.schedule else [])):
             return False
         self._stop.add(job_id)
-        self._aps(self.scheduler.pause_job, job_id)
+        await self._aps(self.scheduler.pause_job, job_id)
         return True
 
     async def resume(self, job_id: int) -> bool:
@@ -129,7 +131,7 @@ class JobManager:
         self._stop.discard(job_id)
         await self.store.jobs.set_state(job_id, "queued", only_from=["paused"])
         if job.schedule:
-            self._aps(self.scheduler.resume_job, job_id)
+            await self._aps(self.scheduler.resume_job, job_id)
         runs = await self.store.jobs.runs(job_id, limit=1)
         if not job.schedule or (runs and runs[0].state in ("paused", "interrupted")):
             self.launch(job_id)
@@ -141,15 +143,15 @@ class JobManager:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        self._aps(self.scheduler.remove_job, job_id)
+        await self._aps(self.scheduler.remove_job, job_id)
         self._progress.pop(job_id, None)
         deleted = bool(await self.store.jobs.delete(job_id))
         self._stop.discard(job_id)  # SQLite may give this id to the next job, which must not start paused
         return deleted
 
-    def _aps(self, method: Callable[[str], Any], job_id: int) -> None:
+    async def _aps(self, method: Callable[[str], Any], job_id: int) -> None:
         try:
-            method(aps_id(job_id))
+            await asyncio.to_thread(method, aps_id(job_id))  # blocking SQL, off the loop (see _schedule)
         except JobLookupError:  # a one-off, or a date schedule that has fired
             pass
 

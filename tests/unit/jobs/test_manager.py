@@ -4,6 +4,10 @@ restart; a job a dead process left "running" runs again at start; pause holds a 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+from sqlalchemy import text
+from store_helpers import open_store
 
 from homeai.jobs.manager import JobManager, aps_id
 from homeai.store.db import Store
@@ -58,3 +62,33 @@ async def test_a_failing_job_is_failed_with_its_error(store: Store) -> None:
         await manager.shutdown()
     found = await store.jobs.get(job.id)
     assert found is not None and found.error is not None and "not a folder" in found.error
+
+
+async def test_a_schedule_changes_while_another_coroutine_holds_a_write(tmp_path: Path) -> None:
+    """APScheduler's blocking store once ran on the event loop: while an aiosqlite transaction that needs
+    the loop to commit held SQLite's write lock, removing a scheduled job waited out the busy timeout and
+    failed with "database is locked" (found by schemathesis on the jobs routes)."""
+    store = await open_store("sqlite", tmp_path)
+    manager = JobManager(store, lambda: None)
+    await manager.start()
+    holding = asyncio.Event()
+
+    async def hold_the_write_lock() -> None:
+        assert store.engine is not None
+        async with store.engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE held (x INTEGER)"))
+            await conn.execute(text("INSERT INTO held VALUES (1)"))
+            holding.set()
+            await asyncio.sleep(0.5)  # commits only if the loop runs meanwhile
+
+    try:
+        job = await manager.add("retention", {"days": 30}, "0 3 * * *", "test")
+        holder = asyncio.create_task(hold_the_write_lock())
+        await holding.wait()
+        async with asyncio.timeout(10):
+            assert await manager.delete(job.id)  # APScheduler's remove_job is its first write
+            await holder
+        assert manager.scheduler.get_job(aps_id(job.id)) is None
+    finally:
+        await manager.shutdown()
+        await store.close()
