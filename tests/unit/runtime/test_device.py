@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from homeai.runtime.device import default_dtype, parse_dtype, process_rss_mb
+from homeai.runtime.device import default_dtype, parse_dtype
 
 CPU = torch.device("cpu")
 
 
+RSS_PROBE = """
+import mmap
+from homeai.runtime.device import process_rss_mb
+before = process_rss_mb()
+block = mmap.mmap(-1, 64 * 2**20)  # 64 MiB of fresh pages, none resident yet
+block.write(b"x" * len(block))     # touched: now resident
+print(before, process_rss_mb())
+"""
+
+
 def test_rss_follows_a_large_allocation() -> None:
-    before = process_rss_mb()
-    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-    after = process_rss_mb()
-    assert after - before >= 50 and block.numel() > 0
+    # In a fresh process with fresh pages: in the test process an allocation may reuse pages that a freed
+    # tensor left resident (glibc's or torch's caches), and RSS would rightly not move.
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE], capture_output=True, text=True, check=True).stdout
+    before, after = (float(x) for x in out.split())
+    assert 60 <= after - before <= 80, (before, after)
 
 
 def test_dtypes() -> None:
