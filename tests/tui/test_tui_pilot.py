@@ -122,8 +122,12 @@ async def test_policy_editor_invalid_then_valid_then_rollback(server_url: str) -
         await pilot.press("ctrl+o")
         await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen))
         table = app.screen.query_one("#versions", DataTable)
-        await wait_for(pilot, lambda: table.row_count >= 2)
-        await pilot.press("down", "enter")
+        # the rows are in and the table has focus before keys go to it (a "down" that lands earlier is lost,
+        # and Enter rolls back to the highlighted first row: the running version)
+        await wait_for(pilot, lambda: table.row_count >= 2 and table.has_focus)
+        await pilot.press("down")
+        await wait_for(pilot, lambda: table.cursor_row == 1)
+        await pilot.press("enter")
         await wait_for(pilot, lambda: "rolled back" in text_of(screen.query_one("#verdict", Static)))
         assert "ttft_ms: 300" in httpx.get(f"{server_url}/admin/policy").text
         assert editor.text == httpx.get(f"{server_url}/admin/policy").text
