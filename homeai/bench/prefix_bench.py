@@ -144,19 +144,11 @@ def run_prefix_bench(folder: Path, system_tokens: int, turns: int, uncached_turn
 
 
 def run_prefix(args: argparse.Namespace) -> int:
-    from homeai.repository.cache import default_cache_dir
-    from homeai.repository.entries import EntryError, get_entry
-    from homeai.repository.pull import PullError, pull
+    from homeai.bench.pulled_llm import pulled_llm_folder
 
-    try:
-        entry = get_entry(args.model)
-        folder = pull(entry, default_cache_dir(), progress=not args.json)
-    except (EntryError, PullError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if entry.kind != "llm":
-        print(f"error: {args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
-        return 2
+    folder = pulled_llm_folder(args.model, quiet=args.json)
+    if isinstance(folder, int):
+        return folder
 
     def log(msg: str) -> None:  # with --json, progress goes to stderr so stdout stays one object
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)

@@ -75,9 +75,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from homeai.bench.engine_bench import BenchConfig, format_bounds, run_bench
-    from homeai.repository.cache import default_cache_dir
-    from homeai.repository.entries import EntryError, get_entry
-    from homeai.repository.pull import PullError, pull
+    from homeai.bench.pulled_llm import pulled_llm_folder
 
     try:
         concurrency = sorted({int(c) for c in args.concurrency.split(",") if c.strip()})
@@ -87,15 +85,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         print(f"error: --concurrency wants positive integers like 1,8,32, got {args.concurrency!r}",
               file=sys.stderr)
         return 2
-    try:
-        entry = get_entry(args.model)
-        folder = pull(entry, default_cache_dir(), progress=not args.json)
-    except (EntryError, PullError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if entry.kind != "llm":
-        print(f"error: {args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
-        return 2
+    folder = pulled_llm_folder(args.model, quiet=args.json)
+    if isinstance(folder, int):
+        return folder
     if args.trace:
         return _household_engine(args, folder, log=lambda m: print(m, file=sys.stderr, flush=True))
     cfg = BenchConfig.quick(concurrency, args.max_tokens) if args.quick else BenchConfig(concurrency)
