@@ -33,14 +33,6 @@ DEEP = b'{"model": "m", "messages": [{"role": "user", "content": ' + b"[" * 1000
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store.in_dir(tmp_path)
-    await s.init()
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 async def client(store: Store) -> AsyncIterator[AsyncTestClient[Litestar]]:
     state = {"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "gateway": None,
              "metrics": MetricsRecorder()}

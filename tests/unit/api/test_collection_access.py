@@ -33,14 +33,6 @@ QUERY = {"collection": "family", "query": "where are the passports?", "k": 3}
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store.in_dir(tmp_path)
-    await s.init()
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 async def client(store: Store, tmp_path: Path) -> AsyncIterator[AsyncTestClient[Litestar]]:
     state = State({"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store,
                    "jobs": JobManager(store, lambda: None), "search": SearchIndex(store.collections),

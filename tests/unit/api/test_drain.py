@@ -5,7 +5,6 @@ real SIGTERM with streams in flight is tests/integration/api/test_drain.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,14 +57,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now_s
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store.in_dir(tmp_path)
-    await s.init()
-    yield s
-    await s.close()
 
 
 def make_app(store: Store, drain: Drain) -> Litestar:

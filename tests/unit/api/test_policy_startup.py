@@ -7,7 +7,6 @@ Item 8's ``classes.<name>.model`` report is here too: it is the check that start
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,6 @@ class StartedGateway:
 
     def snapshot(self) -> dict[str, Any]:
         return {"classes": {}, "device": {}}
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store.in_dir(tmp_path)
-    await s.init()
-    yield s
-    await s.close()
 
 
 def ready_app(holder: PolicyHolder, store: Store, refusal: Any) -> Litestar:

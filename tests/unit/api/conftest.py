@@ -1,0 +1,18 @@
+"""A migrated SQLite store in the test's temporary folder, for the API tests that need one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from homeai.store.db import Store
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = Store.in_dir(tmp_path)
+    await s.init()
+    yield s
+    await s.close()
