@@ -68,7 +68,8 @@ async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
 async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
     """Load the policy's models and start the device loop (in a thread: loading blocks for seconds)."""
     settings: Settings = app.state.settings
-    config = GatewayConfig(cache_dir=settings.cache_dir, device=settings.device, kv_cache_mb=settings.kv_cache_mb)
+    config = GatewayConfig(cache_dir=settings.cache_dir, device=settings.device, kv_cache_mb=settings.kv_cache_mb,
+                           compile_decode=settings.compile_decode)
     gateway = Gateway(app.state.policy_holder, config, meter=Meter(app.state.metrics))  # meters every submission
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, gateway.start)

@@ -19,6 +19,7 @@ DATA_DIR_ENV = "HOMEAI_DATA_DIR"
 DATABASE_URL_ENV = "HOMEAI_DATABASE_URL"
 JOB_ROOTS_ENV = "HOMEAI_JOB_ROOTS"
 DRAIN_TIMEOUT_ENV = "HOMEAI_DRAIN_TIMEOUT_S"
+COMPILE_DECODE_ENV = "HOMEAI_COMPILE_DECODE"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
 POLICY_FILE_NAME = "policy.yaml"
@@ -66,6 +67,8 @@ class Settings:
     drain_timeout_s: float = field(default_factory=lambda: float(os.environ.get(DRAIN_TIMEOUT_ENV) or 30.0))
     # on SIGTERM: running requests may go on this long before their streams are ended (homeai/api/drain.py)
     device: str | None = None
+    # decode steps through torch.compile: "auto" (a GPU, or a CPU with 4+ cores), "on", "off"
+    compile_decode: str = field(default_factory=lambda: os.environ.get(COMPILE_DECODE_ENV) or "auto")
     cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
     # None: SQLite in the data dir; else any SQLAlchemy async URL (postgresql+asyncpg://user:pw@host/db)
     database_url: str | None = field(default_factory=lambda: os.environ.get(DATABASE_URL_ENV) or None)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from homeai.api.settings import DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
+from homeai.api.settings import COMPILE_DECODE_ENV, DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
 
 
 def add_serve_command(subparsers: Any) -> None:
@@ -38,6 +38,9 @@ def add_serve_command(subparsers: Any) -> None:
     parser.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                         help=f"on SIGTERM, how long running requests may go on (env {DRAIN_TIMEOUT_ENV}; "
                              "default 30)")
+    parser.add_argument("--compile-decode", choices=["auto", "on", "off"], default=None,
+                        help=f"compile decode steps with torch.compile, in the background at start "
+                             f"(env {COMPILE_DECODE_ENV}; default auto: on a GPU, or a CPU with 4+ cores)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=cmd_serve)
 
@@ -54,6 +57,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device)
     if args.drain_timeout is not None:
         settings.drain_timeout_s = args.drain_timeout
+    if args.compile_decode is not None:
+        settings.compile_decode = args.compile_decode
     try:
         app = create_app(settings)
     except PolicyError as exc:

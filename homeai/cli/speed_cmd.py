@@ -18,6 +18,8 @@ def add_speed_commands(kinds: Any) -> None:
     p.add_argument("--formats", default="none,int8", help="weight formats, the first is the baseline")
     p.add_argument("--batch", default="1,16", help="decode batch sizes (default 1,16)")
     p.add_argument("--steps", type=int, default=24, help="timed decode steps per batch size")
+    p.add_argument("--compile", action="store_true",
+                   help="also each format with compiled decode steps (FORMAT+compiled; compiling takes minutes)")
     p.add_argument("--transformers", action="store_true", help="also transformers' generate, same weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_speed)
@@ -50,7 +52,10 @@ def cmd_speed(args: argparse.Namespace) -> int:
         return 2
     device = choose_device(args.device)
     source = args.shape or _folder(args.model, not args.json)
-    out = run_speed(source, device, parse_dtype(args.dtype, device), args.formats.split(","),
+    formats = args.formats.split(",")
+    if args.compile:
+        formats += [f + "+compiled" for f in formats]
+    out = run_speed(source, device, parse_dtype(args.dtype, device), formats,
                     [int(b) for b in args.batch.split(",")], args.steps, log=_log(args),
                     with_transformers=args.transformers)
     out.update(headline(out))

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
+from homeai.runtime.decode_graph import CompiledDecode, should_compile
 from homeai.runtime.device import choose_device, parse_dtype
 from homeai.runtime.grammar import GrammarCache
 from homeai.runtime.kv_cache import KVCache
@@ -34,6 +35,8 @@ class EngineConfig:
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
+    compile_decode: str = "off"  # "auto" | "on" | "off": decode steps through torch.compile (runtime/decode_graph)
+    cache_dir: Path | None = None  # where Inductor keeps compiled code between starts
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
@@ -68,6 +71,9 @@ def build_llm_engine(folder: Path, config: EngineConfig | None = None,
     else:
         scheduler.block_manager = block_manager
     max_len = min(cfg.max_model_len, mc.max_position_embeddings)
+    if should_compile(cfg.compile_decode, device):
+        runner.compiled = CompiledDecode(model, cache, max_len, cfg.max_num_seqs, cfg.cache_dir)
+        runner.compiled.start()  # in the background: decode steps run eager until their bucket is ready
     engine = LLMEngine(runner, scheduler, tokenizer, stop_ids, max_len)
     log.info("LLM %s ready on %s/%s (weights %s) in %.2fs: %d KV blocks of %d tokens", folder.name, device,
              dtype, cfg.quantization, time.perf_counter() - t0, num_blocks, cfg.block_size)

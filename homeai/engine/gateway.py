@@ -47,6 +47,7 @@ class GatewayConfig:
     kv_cache_mb: int = 256
     max_model_len: int | None = None
     pull_missing: bool = True
+    compile_decode: str = "off"  # see EngineConfig.compile_decode
 
 
 @dataclass(slots=True)
@@ -94,7 +95,8 @@ class Gateway:
             scheduler = ClassScheduler(None, policy, model=name, step_cost=seed)
             ecfg = EngineConfig(device=str(device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=cfg.kv_cache_mb,
                                 max_model_len=cfg.max_model_len or entry.served_len,
-                                quantization=entry.quantization)
+                                quantization=entry.quantization, compile_decode=cfg.compile_decode,
+                                cache_dir=cfg.cache_dir or default_cache_dir())
             self.llms[name] = build_llm_engine(folder, ecfg, scheduler)
         for name in emb_models:
             entry = self._entry(name)
@@ -114,6 +116,9 @@ class Gateway:
         if self.loop is not None:
             self.loop.shutdown()
             self.loop = None
+        for engine in self.llms.values():
+            if engine.runner.compiled is not None:
+                engine.runner.compiled.stop()
 
     def _entry(self, name: str) -> ModelEntry:
         if name not in self.entries:
@@ -214,7 +219,10 @@ class Gateway:
                                    "last_batch_tokens": engine.stats.last_batch_tokens,
                                    "last_batch_seqs": engine.stats.last_batch_seqs,
                                    "prefix_cached_blocks": bm.num_cached_blocks,
-                                   "prefix_evictions": bm.stats.num_evictions}
+                                   "prefix_evictions": bm.stats.num_evictions,
+                                   "compiled_decode_steps": engine.runner.compiled_steps}
+            if engine.runner.compiled is not None:
+                out["device"][name]["compiled_decode"] = engine.runner.compiled.snapshot()
             out.setdefault("prefix_cache", {}).update(bm.stats.snapshot())  # hit counters by class
             if isinstance(sched, ClassScheduler):
                 out["classes"].update(sched.class_stats())

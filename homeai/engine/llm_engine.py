@@ -78,6 +78,8 @@ class LLMEngine:
         if self._loop_thread is not None:
             self._loop_thread.shutdown()
             self._loop_thread = None
+        if self.runner.compiled is not None:
+            self.runner.compiled.stop()
 
     # ---- asyncio side ----------------------------------------------------------------------------
     def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

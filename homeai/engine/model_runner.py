@@ -13,6 +13,7 @@ import torch
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import StepOutput, StepPlan
+from homeai.runtime.decode_graph import CompiledDecode
 from homeai.runtime.grammar import GrammarCache, SequenceGrammars
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import AttentionMetadata, LlamaModel, PrefillChunk
@@ -41,6 +42,8 @@ class ModelRunner:
         self.grammars = grammars  # None: this model serves no constrained requests
         self._matchers = SequenceGrammars(grammars) if grammars is not None else None
         self._generators: dict[int, torch.Generator] = {}
+        self.compiled: CompiledDecode | None = None  # set by the builder when decode steps are compiled
+        self.compiled_steps = 0  # steps the compiled path served (the rest ran eager)
 
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence's generator and grammar matcher."""
@@ -97,6 +100,7 @@ class ModelRunner:
             meta.decode_token_idx = torch.tensor(decode_rows, dtype=torch.long).to(dev)
             meta.decode_slots = all_slots.to(dev)
             meta.decode_mask = (torch.arange(max_len) < lens.unsqueeze(1)).view(len(decode_rows), 1, 1, -1).to(dev)
+            meta.decode_lens = lens.to(dev)
             meta.all_decode = len(decode_rows) == len(ids)
         for token_start, start, n, table in prefill_specs:
             if start == 0:
@@ -127,6 +131,21 @@ class ModelRunner:
                                       [seqs[i].output_token_ids for i in rows])
         return bitmask, rows
 
+    def _forward(self, batch: BatchInputs) -> torch.Tensor:
+        """Logits of the sampled rows: a decode-only step through its compiled bucket when one is ready,
+        anything else eager."""
+        meta = batch.meta
+        bucket = None
+        if self.compiled is not None and meta.all_decode and meta.decode_slots is not None:
+            bucket = self.compiled.bucket_for(batch.input_ids.shape[0])
+        if bucket is None or meta.decode_slots is None or meta.decode_lens is None:
+            return self.model(batch.input_ids, batch.positions, meta, self.cache, batch.logits_idx)
+        assert self.compiled is not None
+        self.compiled_steps += 1
+        logits = self.compiled.run(bucket, batch.input_ids, batch.positions, meta.slot_mapping,
+                                   meta.decode_slots, meta.decode_lens)
+        return logits[batch.logits_idx]
+
     def execute(self, plan: StepPlan, seqs: dict[int, Sequence]) -> StepOutput:
         if self._matchers is not None:
             for seq_id in plan.preempted:  # recomputed later: the matcher replays its tokens then
@@ -134,7 +153,7 @@ class ModelRunner:
         if plan.is_empty:
             return StepOutput()
         batch = self.prepare(plan, seqs)
-        logits = self.model(batch.input_ids, batch.positions, batch.meta, self.cache, batch.logits_idx)
+        logits = self._forward(batch)
         out = StepOutput()
         if not batch.sample_seqs:
             return out

@@ -16,7 +16,10 @@ class KVCache:
                  device: torch.device, dtype: torch.dtype) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        num_slots = num_blocks * block_size
+        # One block more than the block manager hands out: a scratch block that no sequence owns, where
+        # the padding rows of a compiled decode step (homeai.runtime.decode_graph) write and read.
+        self.scratch_slot = num_blocks * block_size
+        num_slots = (num_blocks + 1) * block_size
         # keys and values of a slot side by side: the layout of the k|v half of a fused qkv projection,
         # so a layer writes both with one index_copy and reads both with one index_select.
         self.kv = torch.zeros(num_layers, num_slots, 2, num_kv_heads, head_dim, device=device, dtype=dtype)

@@ -43,6 +43,7 @@ class AttentionMetadata:
     decode_token_idx: torch.Tensor | None = None  # [Bd] flat index of each single-token (decode) row
     decode_slots: torch.Tensor | None = None  # [Bd, L] context slots, padded
     decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, L] bool
+    decode_lens: torch.Tensor | None = None  # [Bd] context length of each decode row (incl. its new token)
     all_decode: bool = False  # every token is a decode, in order: no scatter needed
     prefills: list[PrefillChunk] = field(default_factory=list)
 
@@ -186,11 +187,15 @@ class LlamaModel(torch.nn.Module):
             cache.write(li, meta.slot_mapping, kv)
             attn = self._attention(li, q, kv, meta, cache)
             x = x + layer.o(attn.reshape(num_tokens, q_size))
-            hs = F.rms_norm(x, (cfg.hidden_size,), layer.mlp_norm, cfg.rms_norm_eps)
-            gate, up = layer.gate_up(hs).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = self.mlp_residual(layer, x)
         x = F.rms_norm(x[logits_idx], (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)
         return self.lm_head(x).float()
+
+    def mlp_residual(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the layer's SwiGLU MLP of its normed value (shared with the compiled decode path)."""
+        hs = F.rms_norm(x, (self.cfg.hidden_size,), layer.mlp_norm, self.cfg.rms_norm_eps)
+        gate, up = layer.gate_up(hs).chunk(2, dim=-1)
+        return x + layer.down(F.silu(gate) * up)
 
     def _attention(self, li: int, q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata,
                    cache: KVCache) -> torch.Tensor:

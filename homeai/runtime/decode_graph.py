@@ -1,0 +1,208 @@
+"""Decode steps compiled per batch bucket: static shapes, a few fused kernels between the matmuls.
+
+Why: a decode step of a small model is some twenty small ops per layer around four matmuls. In eager
+PyTorch each op is a dispatch and, on the CPU, an OpenMP fork/join (on a GPU, a kernel launch), which
+costs more than the arithmetic. ``torch.compile`` fuses the norms, RoPE, the cache write and gather, the
+SiLU and the residual adds into a few generated kernels; matmuls and attention stay library calls.
+Measured here (2-core CPU, SmolLM2-135M float32, ``homeai bench speed --compile``): a one-stream step
+about 1.25x faster, a 32-stream step about 1.2x.
+
+Batch sizes are padded up to a bucket (1, 2, 4, ... 64) so a handful of graphs serve every decode step;
+padding rows write and read the cache's scratch block, which no sequence owns. On CUDA each bucket runs
+as a CUDA graph (``mode="reduce-overhead"``, one per batch size as nano-vllm captures them) over a
+context padded to the model's maximum length; on the CPU the context length stays a dynamic dimension
+(one graph per bucket, padded to the block size). Prefill chunks, mixed steps and batches above the
+largest bucket stay eager.
+
+Compilation runs in a background thread at start; until a bucket is ready its steps run eager, and a
+bucket that fails to compile stays eager (logged once). Inductor's caches live under the cache
+directory, so a later start skips code generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from homeai.runtime.kv_cache import KVCache
+from homeai.runtime.llama import LlamaModel
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+COMPILE_MODES = ("auto", "on", "off")
+AUTO_MIN_CPU_CORES = 4  # compiling every bucket takes minutes of a 2-core CPU; "auto" spares small ones
+
+
+def should_compile(mode: str, device: torch.device) -> bool:
+    """Whether to compile decode steps: "on", "off", or "auto" (a GPU, or a CPU with spare cores for the
+    background compilation)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile_decode must be one of {COMPILE_MODES}, not {mode!r}")
+    if mode == "auto":
+        return device.type == "cuda" or (os.cpu_count() or 1) >= AUTO_MIN_CPU_CORES
+    return mode == "on"
+
+
+def decode_forward(model: LlamaModel, cos: torch.Tensor, sin: torch.Tensor, input_ids: torch.Tensor,
+                   positions: torch.Tensor, slot_mapping: torch.Tensor, ctx_slots: torch.Tensor,
+                   ctx_lens: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """One decode token per row: logits [B, V] (float32). The same arithmetic as ``LlamaModel.forward``
+    written for the compiler (RoPE on real pairs: Inductor does not fuse complex arithmetic)."""
+    cfg = model.cfg
+    b = input_ids.shape[0]
+    h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    qk_size = (h + kvh) * d
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [B, 1, d/2]
+    valid = torch.arange(ctx_slots.shape[1], device=ctx_slots.device) < ctx_lens.unsqueeze(1)  # [B, L]
+    mask = valid[:, None, None, :]  # [B, 1, 1, L]
+    x = model.embed.embed(input_ids, model.dtype)
+    for li, layer in enumerate(model.layers):
+        hs = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, cfg.rms_norm_eps)
+        qkv = layer.qkv(hs)
+        pairs = qkv[:, :qk_size].float().view(b, h + kvh, d // 2, 2)
+        re, im = pairs[..., 0], pairs[..., 1]
+        qk = torch.stack((re * c - im * s, re * s + im * c), -1).view(b, h + kvh, d).to(qkv.dtype)
+        new_kv = torch.stack((qk[:, h:], qkv[:, qk_size:].view(b, kvh, d)), 1)  # [B, 2, kvh, d]
+        # On the base tensor with a layer index: Inductor writes in place (a write into ``kv[li]``, a view,
+        # would make it copy the whole cache).
+        kv.index_put_((torch.full_like(slot_mapping, li), slot_mapping), new_kv)
+        ctx = kv[li][ctx_slots]  # [B, L, 2, kvh, d]
+        attn = F.scaled_dot_product_attention(qk[:, :h].reshape(b, kvh, h // kvh, d), ctx[:, :, 0].transpose(1, 2),
+                                              ctx[:, :, 1].transpose(1, 2), attn_mask=mask)
+        x = x + layer.o(attn.reshape(b, h * d).to(x.dtype))
+        x = model.mlp_residual(layer, x)
+    x = F.rms_norm(x, (cfg.hidden_size,), model.final_norm, cfg.rms_norm_eps)
+    return model.lm_head(x).float()
+
+
+def _raise_recompile_limits() -> None:
+    """One entry per bucket (and per context specialisation) of the same function: more than dynamo's
+    default of 8 recompiles."""
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+
+
+class CompiledDecode:
+    """The compiled decode path of one model and its KV cache; ``run`` serves a ready bucket."""
+
+    def __init__(self, model: LlamaModel, cache: KVCache, max_model_len: int, max_batch: int = 64,
+                 cache_dir: Path | None = None, buckets: tuple[int, ...] = BUCKETS,
+                 static_context: bool | None = None) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = model.device
+        self.static_context = model.device.type == "cuda" if static_context is None else static_context
+        bs = cache.block_size
+        self.max_context = -(-max_model_len // bs) * bs
+        fitting = [b for b in buckets if b < max_batch]
+        self.buckets = tuple(fitting + [next((b for b in buckets if b >= max_batch), max_batch)])
+        angles = torch.view_as_real(model.rope_table)
+        self._cos, self._sin = angles[..., 0].contiguous(), angles[..., 1].contiguous()
+        self._ready: set[int] = set()
+        self.failed: str | None = None
+        self.compile_seconds: dict[int, float] = {}
+        if cache_dir is not None:  # Inductor reads this when it first writes code: set before compiling
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        _raise_recompile_limits()
+        mode = "reduce-overhead" if self.device.type == "cuda" else None
+        self._compiled = torch.compile(decode_forward, dynamic=False, mode=mode)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- readiness -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Compile every bucket in a background thread (steps run eager meanwhile)."""
+        self._thread = threading.Thread(target=self.compile_all, name="homeai-compile", daemon=True)
+        self._thread.start()
+
+    def compile_all(self) -> None:
+        for b in self.buckets:
+            if self._stop.is_set() or not self.compile_bucket(b):
+                return
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Compile no further bucket; wait (up to ``timeout``) for the one being compiled."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def compile_bucket(self, batch: int) -> bool:
+        """Compile (or load from Inductor's cache) the graph of one bucket; False once one has failed."""
+        if self.failed is not None:
+            return False
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                # Two context lengths, so a dynamic context dimension is settled here, not on a live step.
+                for length in (2 * self.cache.block_size, 3 * self.cache.block_size):
+                    self._call(*self._scratch_inputs(batch, length))
+        except Exception as exc:  # noqa: BLE001 - any compiler failure means: stay eager
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.warning("compiled decode disabled, steps stay eager: %s", self.failed)
+            return False
+        self.compile_seconds[batch] = time.perf_counter() - start
+        self._ready.add(batch)
+        log.info("compiled decode bucket %d ready in %.1fs", batch, self.compile_seconds[batch])
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the background compilation ended; True when every bucket is ready."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return len(self._ready) == len(self.buckets)
+
+    @property
+    def ready_buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(self._ready))
+
+    def snapshot(self) -> dict[str, object]:
+        """For /v1/stats: which buckets serve compiled, and why none will if compilation failed."""
+        return {"buckets": list(self.buckets), "ready": list(self.ready_buckets), "failed": self.failed}
+
+    def bucket_for(self, batch: int) -> int | None:
+        """The bucket a decode step of ``batch`` rows runs in, or None (not ready yet, or too big)."""
+        bucket = next((b for b in self.buckets if b >= batch), None)
+        return bucket if bucket in self._ready else None
+
+    # --- one step --------------------------------------------------------------------------------------
+
+    def run(self, bucket: int, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+            ctx_slots: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
+        """Logits [n, V] of ``n`` decode rows (``ctx_slots`` [n, L] padded, ``ctx_lens`` [n]), run padded
+        to ``bucket`` rows and a context of whole blocks (or the maximum, for CUDA graphs)."""
+        n, length = ctx_slots.shape
+        padded_len = self.max_context if self.static_context else -(-length // self.cache.block_size) * \
+            self.cache.block_size
+        padded_len = max(padded_len, 2 * self.cache.block_size)  # the smallest length compiled for
+        args = self._scratch_inputs(bucket, padded_len)
+        args[0][:n], args[1][:n], args[2][:n] = input_ids, positions, slot_mapping
+        args[3][:n, :length] = ctx_slots
+        args[4][:n] = ctx_lens
+        return self._call(*args)[:n]
+
+    def _scratch_inputs(self, batch: int, length: int) -> tuple[torch.Tensor, ...]:
+        """Inputs of ``batch`` padding rows: token 0 at position 0, written to and reading the scratch slot."""
+        dev, scratch = self.device, self.cache.scratch_slot
+        ids = torch.zeros(batch, dtype=torch.long, device=dev)
+        slots = torch.full((batch,), scratch, dtype=torch.long, device=dev)
+        ctx = torch.full((batch, length), scratch, dtype=torch.long, device=dev)
+        lens = torch.ones(batch, dtype=torch.long, device=dev)
+        if not self.static_context:
+            torch._dynamo.mark_dynamic(ctx, 1)
+        return ids, ids.clone(), slots, ctx, lens
+
+    def _call(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx: torch.Tensor,
+              lens: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._compiled(self.model, self._cos, self._sin, ids, positions, slots, ctx, lens, self.cache.kv)
