@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as homeai/__init__.py does, before anything imports torch
+# pytest and the servers it starts share two cores: OpenMP threads sleep at once instead of the short spin
+# the product uses (see homeai/__init__.py); set before anything imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from pathlib import Path
 
 import pytest
