@@ -40,11 +40,14 @@ class BenchConfig:
     prompt_tokens: tuple[int, int] = (32, 64)
     seed: int = 0
     probe_mb: int = 1024  # size of the tensor summed to measure read bandwidth
+    workloads: tuple[str, ...] = ("uniform", "mixed")
+    compile_decode: bool = True  # ours with its compiled decode path (compiled before timing starts)
 
     @classmethod
     def quick(cls, concurrency: list[int], max_tokens: int = 16) -> BenchConfig:
         return cls(concurrency, uniform_tokens=max_tokens, mixed_min_tokens=max(1, max_tokens // 8),
-                   mixed_max_tokens=max_tokens * 2, waves=1, prompt_tokens=(8, 16), probe_mb=128)
+                   mixed_max_tokens=max_tokens * 2, waves=1, prompt_tokens=(8, 16), probe_mb=128,
+                   compile_decode=False)
 
 
 @dataclass(slots=True)
@@ -183,6 +186,7 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
 
     from homeai.bench.constrained_bench import constrained_overhead
     from homeai.engine.builder import EngineConfig, build_llm_engine
+    from homeai.repository.cache import default_cache_dir
     from homeai.runtime.llama_config import LlamaConfig
 
     threads = threads or int(os.environ.get("HOMEAI_CPU_THREADS", "0")) or os.cpu_count() or 1
@@ -196,18 +200,26 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     kv_tokens = max_c * (cfg.prompt_tokens[1] + max(cfg.uniform_tokens, cfg.mixed_max_tokens) + 32)
     kv_mb = math.ceil(kv_tokens * 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 4 / 2**20)
     engine = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", kv_cache_mb=kv_mb,
-                                                   max_num_seqs=max_c, max_model_len=2048))
+                                                   max_num_seqs=max_c, max_model_len=2048,
+                                                   compile_decode="on" if cfg.compile_decode else "off",
+                                                   cache_dir=default_cache_dir()))
+    if engine.runner.compiled is not None:  # compiled before anything is timed
+        compile_start = time.perf_counter()
+        engine.runner.compiled.wait()
+        log(f"compiled decode buckets {engine.runner.compiled.ready_buckets} in "
+            f"{time.perf_counter() - compile_start:.0f}s (failed: {engine.runner.compiled.failed})")
     hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     pad_id = engine.tokenizer.pad_token_id or 0
     weight_bytes, num_params = weight_stats(engine.runner.model)
     engine.start()
     out: dict[str, Any] = {"threads": threads, "device": "cpu", "dtype": "float32", **machine,
+                           "compiled_decode": engine.runner.compiled is not None,
                            "weight_mb": weight_bytes / 1e6, "num_params": num_params, "configs": []}
     try:
         warm = make_prompts(engine.tokenizer, 2, cfg)
         asyncio.run(run_ours(engine, warm, [4, 4], 2))
         run_transformers(hf, pad_id, warm, [4, 4], 2)
-        for kind in ("uniform", "mixed"):
+        for kind in cfg.workloads:
             for c in cfg.concurrency:
                 n = cfg.waves * c if c > 1 else max(2, cfg.waves)
                 prompts, lengths = make_prompts(engine.tokenizer, n, cfg), output_lengths(kind, n, cfg)
@@ -229,9 +241,9 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     out.update(speed_figures(folder, cfg, log))
     out["bandwidth_bound_tok_s"] = machine["bandwidth_gb_s"] * 1e9 / weight_bytes
     out["gemm_bound_tok_s"] = machine["gemm_gflop_s"] * 1e9 / (2 * num_params)
-    best = max(r["ours"]["tok_s"] for r in out["configs"] if r["workload"] == "uniform")
+    best = max((r["ours"]["tok_s"] for r in out["configs"] if r["workload"] == "uniform"), default=0.0)
     out["batched_tok_s"] = best
-    out["single_stream_of_bandwidth_bound"] = out["single_stream_tok_s"] / out["bandwidth_bound_tok_s"]
+    out["single_stream_of_bandwidth_bound"] = out.get("single_stream_tok_s", 0.0) / out["bandwidth_bound_tok_s"]
     out["batched_of_gemm_bound"] = best / out["gemm_bound_tok_s"]
     return out
 
@@ -242,7 +254,8 @@ def speed_figures(folder: Path, cfg: BenchConfig, log: Any) -> dict[str, Any]:
     from homeai.bench.speed_bench import headline, run_speed
 
     steps = 8 if cfg.probe_mb < 1024 else 32  # --quick: a smoke run
-    speed = run_speed(folder, torch.device("cpu"), torch.float32, ["none", "int8"], [1, 16], steps, log)
+    formats = ["none", "int8"] + (["none+compiled", "int8+compiled"] if cfg.compile_decode else [])
+    speed = run_speed(folder, torch.device("cpu"), torch.float32, formats, [1, 16], steps, log)
     return {**headline(speed), "speed": speed}
 
 

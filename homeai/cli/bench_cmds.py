@@ -19,6 +19,7 @@ def add_bench_commands(subparsers: Any) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct", help="an LLM from `homeai models`")
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrencies (default 1,8,32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--workloads", default="uniform,mixed", help="uniform, mixed or both (default both)")
     p.add_argument("--quick", action="store_true", help="few short requests: a smoke test, not a measurement")
     p.add_argument("--max-tokens", type=int, default=16, help="with --quick: uniform output length")
     p.add_argument("--threads", type=int, help="torch CPU threads (default HOMEAI_CPU_THREADS or all cores)")
@@ -91,6 +92,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     if args.trace:
         return _household_engine(args, folder, log=lambda m: print(m, file=sys.stderr, flush=True))
     cfg = BenchConfig.quick(concurrency, args.max_tokens) if args.quick else BenchConfig(concurrency)
+    cfg.workloads = tuple(w for w in args.workloads.split(",") if w in ("uniform", "mixed")) or ("uniform",)
     def log(msg: str) -> None:  # progress lines; with --json they go to stderr so stdout stays one object
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
 

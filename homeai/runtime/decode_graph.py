@@ -142,10 +142,9 @@ class CompiledDecode:
             return False
         start = time.perf_counter()
         try:
-            with torch.inference_mode():
-                # Two context lengths, so a dynamic context dimension is settled here, not on a live step.
-                for length in (2 * self.cache.block_size, 3 * self.cache.block_size):
-                    self._call(*self._scratch_inputs(batch, length))
+            # Two context lengths, so a dynamic context dimension is settled here, not on a live step.
+            for length in (2 * self.cache.block_size, 3 * self.cache.block_size):
+                self._call(*self._scratch_inputs(batch, length))
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: stay eager
             self.failed = f"{type(exc).__name__}: {exc}"
             log.warning("compiled decode disabled, steps stay eager: %s", self.failed)
@@ -203,6 +202,10 @@ class CompiledDecode:
 
     def _call(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx: torch.Tensor,
               lens: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()
-        return self._compiled(self.model, self._cos, self._sin, ids, positions, slots, ctx, lens, self.cache.kv)
+        # Always in inference mode: the graphs are guarded on it, and a live step outside it would
+        # recompile on the device thread.
+        with torch.inference_mode():
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            return self._compiled(self.model, self._cos, self._sin, ids, positions, slots, ctx, lens,
+                                  self.cache.kv)
