@@ -187,12 +187,13 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     from homeai.bench.constrained_bench import constrained_overhead
     from homeai.engine.builder import EngineConfig, build_llm_engine
     from homeai.repository.cache import default_cache_dir
+    from homeai.runtime.device import in_passing_thread
     from homeai.runtime.llama_config import LlamaConfig
 
     threads = threads or int(os.environ.get("HOMEAI_CPU_THREADS", "0")) or os.cpu_count() or 1
     os.environ["HOMEAI_CPU_THREADS"] = str(threads)
     torch.set_num_threads(threads)
-    machine = measure_machine(cfg.probe_mb)
+    machine = in_passing_thread(measure_machine, cfg.probe_mb)
     log(f"machine: {machine['bandwidth_gb_s']:.1f} GB/s read, {machine['gemm_gflop_s']:.1f} GFLOP/s fp32 GEMM, "
         f"{threads} threads")
     mc = LlamaConfig.from_folder(folder)
@@ -208,7 +209,9 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
         engine.runner.compiled.wait()
         log(f"compiled decode buckets {engine.runner.compiled.ready_buckets} in "
             f"{time.perf_counter() - compile_start:.0f}s (failed: {engine.runner.compiled.failed})")
-    hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # transformers loads and runs in passing threads, and ours stops while it runs: each contender's
+    # OpenMP pool is then the only one, as it is in a server (see runtime.device.in_passing_thread).
+    hf = in_passing_thread(lambda: LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval())
     pad_id = engine.tokenizer.pad_token_id or 0
     weight_bytes, num_params = weight_stats(engine.runner.model)
     engine.start()
@@ -218,13 +221,16 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     try:
         warm = make_prompts(engine.tokenizer, 2, cfg)
         asyncio.run(run_ours(engine, warm, [4, 4], 2))
-        run_transformers(hf, pad_id, warm, [4, 4], 2)
+        engine.shutdown()
+        in_passing_thread(run_transformers, hf, pad_id, warm, [4, 4], 2)
         for kind in cfg.workloads:
             for c in cfg.concurrency:
                 n = cfg.waves * c if c > 1 else max(2, cfg.waves)
                 prompts, lengths = make_prompts(engine.tokenizer, n, cfg), output_lengths(kind, n, cfg)
+                engine.start()
                 ours = asyncio.run(run_ours(engine, prompts, lengths, c))
-                theirs = run_transformers(hf, pad_id, prompts, lengths, c)
+                engine.shutdown()
+                theirs = in_passing_thread(run_transformers, hf, pad_id, prompts, lengths, c)
                 row = {"workload": kind, "concurrency": c, "num_requests": n, "output_tokens": sum(lengths),
                        "max_output_tokens": max(lengths), "ours": ours.summary(),
                        "transformers": theirs.summary()}
@@ -235,6 +241,7 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
                     out["single_stream_tok_s"] = statistics.median(ours.decode_tok_s or [0.0])
                 log(_line(row))
         prompts = make_prompts(engine.tokenizer, 16, cfg)
+        engine.start()
         out.update(constrained_overhead(engine, prompts, max(cfg.uniform_tokens, 64), log=log))
     finally:
         engine.shutdown()

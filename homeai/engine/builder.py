@@ -14,7 +14,7 @@ from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
 from homeai.runtime.decode_graph import CompiledDecode, should_compile
-from homeai.runtime.device import choose_device, parse_dtype
+from homeai.runtime.device import choose_device, in_passing_thread, parse_dtype
 from homeai.runtime.grammar import GrammarCache
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
@@ -52,7 +52,12 @@ def eos_ids(folder: Path, model: LlamaModel, tokenizer: PreTrainedTokenizerBase)
 
 def build_llm_engine(folder: Path, config: EngineConfig | None = None,
                      scheduler: StepScheduler | None = None) -> LLMEngine:
-    """Load the model and size the KV pool; ``scheduler`` defaults to FCFS continuous batching."""
+    """Load the model and size the KV pool; ``scheduler`` defaults to FCFS continuous batching. Loads in a
+    thread of its own, so the device thread's OpenMP pool stays the only one (see ``in_passing_thread``)."""
+    return in_passing_thread(_build_llm_engine, folder, config, scheduler)
+
+
+def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: StepScheduler | None) -> LLMEngine:
     cfg = config or EngineConfig()
     t0 = time.perf_counter()
     device = choose_device(cfg.device)

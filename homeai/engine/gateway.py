@@ -25,7 +25,7 @@ from homeai.policy.store import PolicyHolder
 from homeai.repository.cache import default_cache_dir
 from homeai.repository.entries import ModelEntry, load_entries
 from homeai.repository.pull import pull
-from homeai.runtime.device import choose_device, process_rss_mb
+from homeai.runtime.device import choose_device, in_passing_thread, process_rss_mb
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
 from homeai.scheduling.class_scheduler import ClassScheduler
@@ -100,7 +100,8 @@ class Gateway:
             self.llms[name] = build_llm_engine(folder, ecfg, scheduler)
         for name in emb_models:
             entry = self._entry(name)
-            self.embedders[name] = Embedder.load(self._folder(entry), device)
+            # In a passing thread, as the LLM builder does: only the device thread keeps an OpenMP pool.
+            self.embedders[name] = in_passing_thread(Embedder.load, self._folder(entry), device)
         self.batcher = Batcher(policy, scheduler)
         self.embed_service = EmbedService(self.batcher, self.embedders)
         llm = next(iter(self.llms.values()), None)

@@ -36,3 +36,24 @@ def test_dtypes() -> None:
     assert parse_dtype("bf16", CPU) == torch.bfloat16
     with pytest.raises(ValueError, match="int8"):
         parse_dtype("int8", CPU)
+
+
+def test_in_passing_thread_runs_in_a_thread_that_has_ended() -> None:
+    import threading
+
+    from homeai.runtime.device import in_passing_thread
+
+    ran_in: list[threading.Thread] = []
+
+    def work(a: int, b: int) -> int:
+        ran_in.append(threading.current_thread())
+        return a + b
+
+    assert in_passing_thread(work, 2, 3) == 5
+    assert ran_in[0] is not threading.current_thread() and not ran_in[0].is_alive()  # its OpenMP pool is gone
+
+    def fails() -> None:
+        raise ValueError("bad weights")
+
+    with pytest.raises(ValueError, match="bad weights"):
+        in_passing_thread(fails)
