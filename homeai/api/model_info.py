@@ -73,6 +73,8 @@ def _quantization_level(gateway: Gateway, entry: ModelEntry) -> str:
     """What the weights are served as: int8, the entry's dtype, or for "auto" the dtype the engine loaded."""
     if entry.quantization == "int8":
         return "Q8_0"
+    if entry.quantization == "int4":
+        return "Q4_1"
     dtype = entry.dtype
     if dtype == "auto":
         engine = gateway.llms.get(entry.name)

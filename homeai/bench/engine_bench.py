@@ -256,12 +256,14 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
 
 
 def speed_figures(folder: Path, cfg: BenchConfig, log: Any) -> dict[str, Any]:
-    """float32 and int8 weights side by side (homeai.bench.speed_bench): single_stream_bw_ratio,
-    int8_over_fp32_single, idle_ttft_ms (int8, 46-token prompt); the per-format rows under "speed"."""
+    """float32, int8 and int4 weights side by side (homeai.bench.speed_bench): single_stream_bw_ratio,
+    int8_over_fp32_single, int4_over_fp32_single, idle_ttft_ms (int8, 46-token prompt); the per-format
+    rows under "speed"."""
     from homeai.bench.speed_bench import headline, run_speed
 
     steps = 8 if cfg.probe_mb < 1024 else 32  # --quick: a smoke run
-    formats = ["none", "int8"] + (["none+compiled", "int8+compiled"] if cfg.compile_decode else [])
+    formats = ["none", "int8", "int4"]
+    formats += [f + "+compiled" for f in formats] if cfg.compile_decode else []
     speed = run_speed(folder, torch.device("cpu"), torch.float32, formats, [1, 16], steps, log)
     return {**headline(speed), "speed": speed}
 

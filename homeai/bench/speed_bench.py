@@ -247,10 +247,13 @@ def headline(speed: dict[str, Any]) -> dict[str, float]:
     compiled = base + COMPILED in formats
     for suffix, key in [("", "_eager" if compiled else "")] + ([(COMPILED, "")] if compiled else []):
         out["single_stream_bw_ratio" + key] = formats[base + suffix]["single_stream_bw_ratio"]
-        if base != "int8" and "int8" + suffix in formats:
-            out["single_stream_bw_ratio_int8" + key] = formats["int8" + suffix]["single_stream_bw_ratio"]
-            out["int8_over_fp32_single" + key] = formats["int8" + suffix][rate] / formats[base + suffix][rate]
+        for q in ("int8", "int4"):
+            if base != q and q + suffix in formats:
+                out[f"single_stream_bw_ratio_{q}{key}"] = formats[q + suffix]["single_stream_bw_ratio"]
+                out[f"{q}_over_fp32_single{key}"] = formats[q + suffix][rate] / formats[base + suffix][rate]
     if "int8" in formats and base != "int8":
         out["idle_ttft_ms"] = formats["int8"]["idle_ttft_ms"]  # the goal is stated for int8
         out[f"idle_ttft_ms_{base}"] = formats[base]["idle_ttft_ms"]
+    if "int4" in formats and base != "int4":
+        out["idle_ttft_ms_int4"] = formats["int4"]["idle_ttft_ms"]
     return out

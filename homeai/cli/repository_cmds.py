@@ -19,7 +19,7 @@ def add_repository_commands(subparsers: Any) -> None:
                              "Hugging Face folder, ollama:NAME[:TAG], hf:REPO[@REVISION]")
     pull_parser.add_argument("--force", action="store_true", help="pull again even if already present")
     pull_parser.add_argument("--as", dest="as_name", help="with a source: the new entry's name")
-    pull_parser.add_argument("--quantization", choices=["none", "int8"], default="none",
+    pull_parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none",
                              help="with a source: the new entry's weight format")
     pull_parser.set_defaults(func=cmd_pull)
 

@@ -23,7 +23,7 @@ def add_speed_commands(kinds: Any) -> None:
     p.add_argument("--transformers", action="store_true", help="also transformers' generate, same weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_speed)
-    q = kinds.add_parser("quant", help="int8 against float32: greedy agreement over N prompts x T tokens")
+    q = kinds.add_parser("quant", help="int8 and int4 against float32: greedy agreement over N prompts x T tokens")
     q.add_argument("--model", default="smollm2-135m-instruct")
     q.add_argument("--prompts", type=int, default=50)
     q.add_argument("--tokens", type=int, default=32)
@@ -74,12 +74,14 @@ def cmd_quant(args: argparse.Namespace) -> int:
     folder = _folder(args.model, not args.json)
     tokenizer, cpu = load_tokenizer(folder), torch.device("cpu")
     dense = LlamaModel.from_folder(folder, cpu, torch.float32, "none")
-    int8 = LlamaModel.from_folder(folder, cpu, torch.float32, "int8")
     out: dict[str, Any] = {"model": args.model, "prompts": args.prompts, "tokens": args.tokens}
-    for kind, prompts in (("chat", chat_prompts(tokenizer, args.prompts)),
-                          ("words", word_prompts(tokenizer, args.prompts))):
-        out[kind] = measure_agreement(dense, int8, prompts, args.tokens).as_dict()
-        _log(args)(f"{kind}: {out[kind]}")
+    for fmt in ("int8", "int4"):
+        candidate = LlamaModel.from_folder(folder, cpu, torch.float32, fmt)
+        for kind, prompts in (("chat", chat_prompts(tokenizer, args.prompts)),
+                              ("words", word_prompts(tokenizer, args.prompts))):
+            key = kind if fmt == "int8" else f"{fmt}_{kind}"  # the int8 keys keep their names
+            out[key] = measure_agreement(dense, candidate, prompts, args.tokens).as_dict()
+            _log(args)(f"{fmt} {kind}: {out[key]}")
     if args.json:
         print(json.dumps(out))
     return 0

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     device: str | None = None
     dtype: str | None = None
-    quantization: str = "none"  # "int8": per-channel int8 weights (homeai.runtime.quant)
+    quantization: str = "none"  # "int8" per-channel, "int4" groups of 32 (CPU): homeai.runtime.quant
     kv_cache_mb: int = 256
     enable_prefix_caching: bool = True  # keep finished prompts' KV blocks for reuse (see BlockManager)
     block_size: int = 16

@@ -95,12 +95,14 @@ class LlamaModel(torch.nn.Module):
         def w(name: str) -> torch.Tensor:
             return weights[name].to(device=device, dtype=dtype).contiguous()
 
-        def lin(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-            return make_linear(weight, bias, quantization, device, dtype)
+        def lin(weight: torch.Tensor, bias: torch.Tensor | None = None, head: bool = False) -> Linear:
+            # int4 is for the layers; the embedding / lm_head (the logits' rows) stays int8 then
+            fmt = "int8" if head and quantization == "int4" else quantization
+            return make_linear(weight, bias, fmt, device, dtype)
 
-        self.embed = lin(weights["model.embed_tokens.weight"])
+        self.embed = lin(weights["model.embed_tokens.weight"], head=True)
         self.lm_head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in weights \
-            else lin(weights["lm_head.weight"])
+            else lin(weights["lm_head.weight"], head=True)
         self.final_norm = w("model.norm.weight")
         self.layers: list[LayerWeights] = []
         for i in range(cfg.num_layers):
@@ -162,7 +164,7 @@ class LlamaModel(torch.nn.Module):
 
     def num_params(self) -> int:
         linears, norms = self._weights()
-        return sum(x.weight.numel() for x in linears) + sum(t.numel() for t in norms)
+        return sum(x.num_weights for x in linears) + sum(t.numel() for t in norms)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

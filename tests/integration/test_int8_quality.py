@@ -1,4 +1,4 @@
-"""int8 weights on the real SmolLM2-135M against its float32 self (the full 50 x 32 figure is in
+"""int8 and int4 weights on the real SmolLM2-135M against its float32 self (the full 50 x 32 figure is in
 ``homeai bench quant``; this is the same measurement on fewer prompts).
 
 Tolerances, measured on this model (whose float weights come from a Q4_1 GGUF): teacher-forced greedy
@@ -22,13 +22,16 @@ MIN_TEACHER_FORCED = 0.90
 MAX_REL_LOGIT_DIFF = 1.0  # in units of the float32 logits' standard deviation per position
 
 
-def test_int8_agrees_with_float32(pulled_models: dict[str, Path]) -> None:
+# int8: a quarter of the bytes, plus scales and norms; int4: the layers at 4.5 bits, the embedding int8
+@pytest.mark.parametrize(("fmt", "max_bytes_share"), [("int8", 0.27), ("int4", 0.19)])
+def test_quantized_agrees_with_float32(pulled_models: dict[str, Path], fmt: str, max_bytes_share: float) -> None:
     torch.set_num_threads(2)
     folder = pulled_models["smollm2-135m-instruct"]
     dense = LlamaModel.from_folder(folder, torch.device("cpu"), torch.float32, "none")
-    int8 = LlamaModel.from_folder(folder, torch.device("cpu"), torch.float32, "int8")
-    assert int8.weight_bytes() < 0.27 * dense.weight_bytes()  # a quarter, plus scales and norms
-    result = measure_agreement(dense, int8, chat_prompts(load_tokenizer(folder), 8), 32)
+    quantized = LlamaModel.from_folder(folder, torch.device("cpu"), torch.float32, fmt)
+    assert quantized.weight_bytes() < max_bytes_share * dense.weight_bytes()
+    assert quantized.num_params() == dense.num_params()
+    result = measure_agreement(dense, quantized, chat_prompts(load_tokenizer(folder), 8), 32)
     assert result.num_tokens == 8 * 32
     assert result.teacher_forced >= MIN_TEACHER_FORCED
     assert result.max_rel_logit_diff <= MAX_REL_LOGIT_DIFF

@@ -63,6 +63,7 @@ def test_valid_entry_and_paths(tmp_path: Path) -> None:
     entry = load_entry(write(tmp_path, valid_entry()))
     assert entry.quantization == "none"
     assert load_entry(write(tmp_path, valid_entry(quantization="int8"))).quantization == "int8"
+    assert load_entry(write(tmp_path, valid_entry(quantization="int4"))).quantization == "int4"
     assert entry.local_path(tmp_path / "c") == model_cache_dir(tmp_path / "c", "tiny")
     assert not entry.is_present(tmp_path / "c")
 
@@ -76,7 +77,7 @@ def test_valid_entry_and_paths(tmp_path: Path) -> None:
         ({"max_model_len": 8192}, "max_model_len 8192 exceeds"),
         ({"dtype": "int4"}, "dtype"),
         ({"name": "Bad Name"}, "name"),
-        ({"quantization": "int4"}, "quantization"),
+        ({"quantization": "int3"}, "quantization"),
         ({"kind": "embedding", "quantization": "int8"}, "applies to llm entries only"),
     ],
 )

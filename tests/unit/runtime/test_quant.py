@@ -9,7 +9,7 @@ import torch
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import AttentionMetadata, LlamaModel, PrefillChunk
 from homeai.runtime.llama_config import LlamaConfig
-from homeai.runtime.quant import Int8Linear, Linear, make_linear, quantize_int8
+from homeai.runtime.quant import Int4Linear, Int8Linear, Linear, make_linear, quantize_int4, quantize_int8
 
 CPU = torch.device("cpu")
 
@@ -50,8 +50,52 @@ def test_dense_linear_and_unknown_quantization() -> None:
     w = torch.randn(8, 4, dtype=torch.float64)
     layer = make_linear(w, None, "none", CPU, torch.float32)
     assert type(layer) is Linear and layer.weight.dtype == torch.float32 and layer.nbytes == 8 * 4 * 4
-    with pytest.raises(ValueError, match="int4"):
-        make_linear(w, None, "int4", CPU, torch.float32)
+    with pytest.raises(ValueError, match="int3"):
+        make_linear(w, None, "int3", CPU, torch.float32)
+
+
+def q4_1_like(n: int, k: int) -> torch.Tensor:
+    """Weights as a Q4_1 GGUF dequantizes to: per group of 32, ``d * q + m`` with q over all of 0..15 (each
+    block's minimum and maximum are on its grid, as Q4_1 makes them). d and ``m + 8 d`` are chosen
+    bfloat16-exact, the kernel's format, so int4 can hold these weights exactly."""
+    torch.manual_seed(n + k)
+    q = torch.randint(0, 16, (n, k // 32, 32)).float()
+    q[..., 0], q[..., 1] = 0, 15
+    d = (torch.rand(n, k // 32, 1) * 0.01 + 1e-3).to(torch.bfloat16).float()
+    zero = (torch.randn(n, k // 32, 1) * 1e-2).to(torch.bfloat16).float()  # m + 8 d
+    return (d * (q - 8) + zero).view(n, k)
+
+
+def test_int4_represents_q4_1_weights_to_bf16_rounding() -> None:
+    w = q4_1_like(48, 96)
+    q, scales_zeros = quantize_int4(w)
+    assert q.dtype == torch.int32 and int(q.min()) >= 0 and int(q.max()) <= 15
+    assert scales_zeros.shape == (96 // 32, 48, 2) and scales_zeros.dtype == torch.bfloat16
+    scale = scales_zeros[..., 0].float().t().repeat_interleave(32, 1)
+    zero = scales_zeros[..., 1].float().t().repeat_interleave(32, 1)
+    dequant = (q.float() - 8) * scale + zero
+    step = scale.max()
+    assert float((dequant - w).abs().max()) <= 1e-3 * float(step)  # exact up to float32 arithmetic
+
+
+@pytest.mark.parametrize("rows", [1, 7, 46])
+def test_int4_linear_matches_its_dequantized_weights(rows: int) -> None:
+    torch.manual_seed(rows)
+    w, b, x = q4_1_like(64, 96), torch.randn(64), torch.randn(rows, 96)
+    layer = make_linear(w, b, "int4", CPU, torch.float32)
+    assert isinstance(layer, Int4Linear) and layer.num_weights == 64 * 96
+    assert layer.nbytes == 64 * 96 // 2 + (96 // 32) * 64 * 2 * 2 + 64 * 4  # nibbles, bf16 scale+zero, bias
+    got = layer(x)
+    assert got.shape == (rows, 64) and got.dtype == torch.float32
+    exact = x @ w.t() + b
+    assert float((got - exact).abs().max()) <= 2e-2 * float(exact.abs().max())  # bf16 activations
+
+
+def test_int4_falls_back_to_int8_for_odd_shapes_and_stays_off_the_gpu() -> None:
+    assert isinstance(make_linear(torch.randn(24, 64), None, "int4", CPU, torch.float32), Int8Linear)  # 24 % 16
+    assert isinstance(make_linear(torch.randn(32, 48), None, "int4", CPU, torch.float32), Int8Linear)  # 48 % 32
+    with pytest.raises(ValueError, match="CPU only"):
+        make_linear(torch.randn(32, 64), None, "int4", torch.device("cuda"), torch.float32)
 
 
 def tiny_weights(cfg: LlamaConfig) -> dict[str, torch.Tensor]:
