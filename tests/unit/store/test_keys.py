@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from homeai.store.db import Store
 from homeai.store.keys import KEY_PREFIX, KeyStoreError, hash_key
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store.in_dir(tmp_path)
-    await s.init()
-    yield s
-    await s.close()
 
 
 async def test_create_verify_revoke(store: Store) -> None:

@@ -1,4 +1,5 @@
-"""A migrated SQLite store in the test's temporary folder, for the API tests that need one."""
+"""A migrated SQLite store in the test's temporary folder, for the unit tests that need one (a module
+that wants PostgreSQL too, or another folder, defines its own)."""
 
 from __future__ import annotations
 
