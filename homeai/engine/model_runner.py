@@ -135,14 +135,15 @@ class ModelRunner:
         """Logits of the sampled rows: a decode-only step through its compiled bucket when one is ready,
         anything else eager."""
         meta = batch.meta
+        compiled = self.compiled
         bucket = None
-        if self.compiled is not None and meta.all_decode and meta.decode_slots is not None:
-            bucket = self.compiled.bucket_for(batch.input_ids.shape[0])
-        if bucket is None or meta.decode_slots is None or meta.decode_lens is None:
+        if compiled is not None and meta.all_decode and meta.decode_slots is not None and meta.decode_lens is not None:
+            bucket = compiled.bucket_for(batch.input_ids.shape[0])
+        if bucket is None:
             return self.model(batch.input_ids, batch.positions, meta, self.cache, batch.logits_idx)
-        assert self.compiled is not None
+        assert compiled is not None and meta.decode_slots is not None and meta.decode_lens is not None
         self.compiled_steps += 1
-        logits = self.compiled.run(bucket, batch.input_ids, batch.positions, meta.slot_mapping,
+        logits = compiled.run(bucket, batch.input_ids, batch.positions, meta.slot_mapping,
                                    meta.decode_slots, meta.decode_lens)
         return logits[batch.logits_idx]
 
