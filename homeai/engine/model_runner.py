@@ -144,7 +144,7 @@ class ModelRunner:
         assert compiled is not None and meta.decode_slots is not None and meta.decode_lens is not None
         self.compiled_steps += 1
         logits = compiled.run(bucket, batch.input_ids, batch.positions, meta.slot_mapping,
-                                   meta.decode_slots, meta.decode_lens)
+                              meta.decode_slots, meta.decode_lens)
         return logits[batch.logits_idx]
 
     def execute(self, plan: StepPlan, seqs: dict[int, Sequence]) -> StepOutput:
