@@ -17,7 +17,7 @@ from homeai.runtime.decode_graph import CompiledDecode
 from homeai.runtime.grammar import GrammarCache, SequenceGrammars
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import AttentionMetadata, LlamaModel, PrefillChunk
-from homeai.runtime.sampler import Sampler, make_generator
+from homeai.runtime.sampler import GreedyPick, Sampler, make_generator
 
 
 @dataclass(slots=True)
@@ -131,21 +131,21 @@ class ModelRunner:
                                       [seqs[i].output_token_ids for i in rows])
         return bitmask, rows
 
-    def _forward(self, batch: BatchInputs) -> torch.Tensor:
-        """Logits of the sampled rows: a decode-only step through its compiled bucket when one is ready,
-        anything else eager."""
+    def _forward(self, batch: BatchInputs) -> tuple[torch.Tensor, GreedyPick | None]:
+        """Logits of the sampled rows: a decode-only step through its compiled bucket when one is ready
+        (with each row's greedy pick), anything else eager."""
         meta = batch.meta
         compiled = self.compiled
         bucket = None
         if compiled is not None and meta.all_decode and meta.decode_slots is not None and meta.decode_lens is not None:
             bucket = compiled.bucket_for(batch.input_ids.shape[0])
         if bucket is None:
-            return self.model(batch.input_ids, batch.positions, meta, self.cache, batch.logits_idx)
+            return self.model(batch.input_ids, batch.positions, meta, self.cache, batch.logits_idx), None
         assert compiled is not None and meta.decode_slots is not None and meta.decode_lens is not None
         self.compiled_steps += 1
-        logits = compiled.run(bucket, batch.input_ids, batch.positions, meta.slot_mapping,
-                              meta.decode_slots, meta.decode_lens)
-        return logits[batch.logits_idx]
+        # One token per row and every row samples, so row i is already the i-th sampled sequence.
+        return compiled.run(bucket, batch.input_ids, batch.positions, meta.slot_mapping, meta.decode_slots,
+                            meta.decode_lens)
 
     def execute(self, plan: StepPlan, seqs: dict[int, Sequence]) -> StepOutput:
         if self._matchers is not None:
@@ -154,7 +154,7 @@ class ModelRunner:
         if plan.is_empty:
             return StepOutput()
         batch = self.prepare(plan, seqs)
-        logits = self._forward(batch)
+        logits, greedy = self._forward(batch)
         out = StepOutput()
         if not batch.sample_seqs:
             return out
@@ -163,7 +163,7 @@ class ModelRunner:
         token_mask = self._token_mask(ss)
         tokens, logprobs = self.sampler.sample(
             logits, [s.params for s in ss], [s.prompt_token_ids for s in ss],
-            [s.output_token_ids for s in ss], [self._generator(s) for s in ss], token_mask)
+            [s.output_token_ids for s in ss], [self._generator(s) for s in ss], token_mask, greedy)
         for row, (seq, tok, lp) in enumerate(zip(ss, tokens.tolist(), logprobs.tolist(), strict=True)):
             out.sampled[seq.seq_id] = tok
             out.logprobs[seq.seq_id] = lp

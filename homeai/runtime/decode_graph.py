@@ -26,12 +26,14 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
+from homeai.runtime.sampler import GreedyPick, greedy_pick
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +52,19 @@ def should_compile(mode: str, device: torch.device) -> bool:
     return mode == "on"
 
 
+class DecodeOutput(NamedTuple):
+    """A compiled step's logits [n, V] (float32) and, fused into the same kernels, each row's greedy pick."""
+
+    logits: torch.Tensor
+    greedy: GreedyPick
+
+
 def decode_forward(model: LlamaModel, cos: torch.Tensor, sin: torch.Tensor, input_ids: torch.Tensor,
                    positions: torch.Tensor, slot_mapping: torch.Tensor, ctx_slots: torch.Tensor,
-                   ctx_lens: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """One decode token per row: logits [B, V] (float32). The same arithmetic as ``LlamaModel.forward``
-    written for the compiler (RoPE on real pairs: Inductor does not fuse complex arithmetic)."""
+                   ctx_lens: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode token per row: logits [B, V] (float32), each row's argmax and its log-softmax. The same
+    arithmetic as ``LlamaModel.forward`` written for the compiler (RoPE on real pairs: Inductor does not
+    fuse complex arithmetic)."""
     cfg = model.cfg
     b = input_ids.shape[0]
     h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -79,7 +89,9 @@ def decode_forward(model: LlamaModel, cos: torch.Tensor, sin: torch.Tensor, inpu
         x = x + layer.o(attn.reshape(b, h * d).to(x.dtype))
         x = model.mlp_residual(layer, x)
     x = F.rms_norm(x, (cfg.hidden_size,), model.final_norm, cfg.rms_norm_eps)
-    return model.lm_head(x).float()
+    logits = model.lm_head(x).float()
+    pick = greedy_pick(logits)
+    return logits, pick.tokens, pick.logprobs
 
 
 def _raise_recompile_limits() -> None:
@@ -176,9 +188,9 @@ class CompiledDecode:
     # --- one step --------------------------------------------------------------------------------------
 
     def run(self, bucket: int, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            ctx_slots: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
-        """Logits [n, V] of ``n`` decode rows (``ctx_slots`` [n, L] padded, ``ctx_lens`` [n]), run padded
-        to ``bucket`` rows and a context of whole blocks (or the maximum, for CUDA graphs)."""
+            ctx_slots: torch.Tensor, ctx_lens: torch.Tensor) -> DecodeOutput:
+        """Logits [n, V] and greedy picks of ``n`` decode rows (``ctx_slots`` [n, L] padded, ``ctx_lens``
+        [n]), run padded to ``bucket`` rows and a context of whole blocks (or the maximum, for CUDA graphs)."""
         n, length = ctx_slots.shape
         padded_len = self.max_context if self.static_context else -(-length // self.cache.block_size) * \
             self.cache.block_size
@@ -187,7 +199,8 @@ class CompiledDecode:
         args[0][:n], args[1][:n], args[2][:n] = input_ids, positions, slot_mapping
         args[3][:n, :length] = ctx_slots
         args[4][:n] = ctx_lens
-        return self._call(*args)[:n]
+        logits, tokens, logprobs = self._call(*args)
+        return DecodeOutput(logits[:n], GreedyPick(tokens[:n], logprobs[:n]))
 
     def _scratch_inputs(self, batch: int, length: int) -> tuple[torch.Tensor, ...]:
         """Inputs of ``batch`` padding rows: token 0 at position 0, written to and reading the scratch slot."""
@@ -201,7 +214,7 @@ class CompiledDecode:
         return ids, ids.clone(), slots, ctx, lens
 
     def _call(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx: torch.Tensor,
-              lens: torch.Tensor) -> torch.Tensor:
+              lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # Always in inference mode: the graphs are guarded on it, and a live step outside it would
         # recompile on the device thread.
         with torch.inference_mode():

@@ -10,12 +10,30 @@ and the host sees the result through a single device->host copy.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from homeai.core.types import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class GreedyPick:
+    """Each row's argmax and its log-softmax there, computed where the logits are made.
+
+    The compiled decode step fuses these two reductions into the pass that writes the logits; a step
+    whose rows are all plain greedy then skips three more passes over [N, V] (argmax, logsumexp, gather:
+    ~5 ms of an 87 ms 32-row step on a 2-core CPU)."""
+
+    tokens: Tensor  # [N] long
+    logprobs: Tensor  # [N] float32
+
+
+def greedy_pick(logits: Tensor) -> GreedyPick:
+    """The argmax of each row and its log-softmax value (max - logsumexp)."""
+    return GreedyPick(logits.argmax(dim=-1), logits.amax(dim=-1) - logits.logsumexp(dim=-1))
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
@@ -219,6 +237,7 @@ class Sampler:
         output_ids: list[list[int]],
         generators: list[torch.Generator | None],
         token_mask: tuple[Tensor, list[int]] | None = None,
+        greedy: GreedyPick | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Pick tokens for logits [N, V]; returns (token ids [N] long, logprobs [N] float) on the CPU.
 
@@ -226,16 +245,20 @@ class Sampler:
         A logprob is the log-softmax, at the chosen token, of the distribution actually sampled from
         (after the mask, penalties, temperature and filters); for a greedy row, of the penalized logits.
         Rows that ask for top alternatives find them in ``last_top_logprobs`` (same distribution).
-        The input ``logits`` is never modified.
+        ``greedy`` (the raw logits' argmax and log-softmax there) answers a step whose rows are all
+        greedy with no mask, penalty or alternatives. The input ``logits`` is never modified.
         """
         self.last_top_logprobs = {}
         if logits.shape[0] == 0:
             return torch.empty(0, dtype=torch.long), torch.empty(0)
-        logits = logits.float()
+        raw = logits = logits.float()
         if token_mask is not None:
             logits = apply_token_mask(logits, *token_mask)
         logits = apply_penalties(logits, params, prompt_ids, output_ids)
         sampling_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        wants_alternatives = any(p.logprobs for p in params)
+        if greedy is not None and logits is raw and not sampling_rows and not wants_alternatives:
+            return _to_host(greedy.tokens, greedy.logprobs)  # the distribution is the raw logits'
         if sampling_rows:
             logits = apply_filters(logits, params)
         tokens = logits.argmax(dim=-1)
@@ -243,7 +266,7 @@ class Sampler:
             index = torch.tensor(sampling_rows, dtype=torch.long, device=logits.device)
             picks = _race(logits, sampling_rows, index, generators)
             tokens = tokens.index_copy(0, index, picks)
-        if any(p.logprobs for p in params):
+        if wants_alternatives:
             distribution = logits.log_softmax(dim=-1)
             self.last_top_logprobs = top_logprobs(distribution, params)
             logprobs = distribution.gather(1, tokens.unsqueeze(1)).squeeze(1)

@@ -87,11 +87,16 @@ def test_compiled_logits_match_eager(model: LlamaModel, prompts: list[list[int]]
             eager = model(batch.input_ids, batch.positions, meta, runner.cache, batch.logits_idx)
             after_eager = kv.clone()
             kv.copy_(before)
-            fast = compiled.run(4, batch.input_ids, batch.positions, meta.slot_mapping, meta.decode_slots,
-                                meta.decode_lens)[batch.logits_idx]
+            out = compiled.run(4, batch.input_ids, batch.positions, meta.slot_mapping, meta.decode_slots,
+                               meta.decode_lens)
+        fast = out.logits[batch.logits_idx]
         assert fast.shape == eager.shape
         assert (fast - eager).abs().max().item() <= LOGITS_ATOL
         assert torch.equal(fast.argmax(-1), eager.argmax(-1))
+        # The greedy picks fused into the step: the eager logits' argmax and log-softmax there.
+        assert torch.equal(out.greedy.tokens, eager.argmax(-1))
+        expected = eager.log_softmax(-1).gather(1, eager.argmax(-1, keepdim=True)).squeeze(1)
+        assert torch.allclose(out.greedy.logprobs, expected, atol=LOGITS_ATOL)
         # The step's own slots hold the same keys and values; padding touched nothing but the scratch block.
         written = meta.slot_mapping
         assert torch.allclose(kv[:, written], after_eager[:, written], atol=1e-5)

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from homeai.core.types import SamplingParams
-from homeai.runtime.sampler import Sampler, apply_filters, apply_penalties, make_generator
+from homeai.runtime.sampler import (
+    GreedyPick,
+    Sampler,
+    apply_filters,
+    apply_penalties,
+    greedy_pick,
+    make_generator,
+)
 
 VOCAB = 50
 
@@ -34,6 +41,36 @@ def test_greedy_is_argmax_with_raw_logprob() -> None:
     expected = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
     assert torch.allclose(logprobs, expected)
     assert torch.equal(logits, before)  # the caller's logits are never modified
+
+
+def test_greedy_pick_equals_the_samplers_own_answer() -> None:
+    logits = random_logits(6, seed=7)
+    pick = greedy_pick(logits)
+    tokens, logprobs = run(logits, [SamplingParams(temperature=0.0)] * 6)
+    assert torch.equal(pick.tokens, tokens)
+    assert torch.allclose(pick.logprobs, logprobs, atol=1e-6)
+
+
+def test_a_given_greedy_pick_serves_only_plain_greedy_steps() -> None:
+    """The pick (made with the raw logits, e.g. inside the compiled step) answers a step whose rows are
+    all plain greedy; a mask, a penalty, a sampling row or asked-for alternatives change the distribution,
+    and then the sampler works from the logits. A sentinel pick shows which way each step went."""
+    logits = random_logits(3, seed=8)
+    sentinel = GreedyPick(torch.tensor([5, 6, 7]), torch.tensor([-1.0, -2.0, -3.0]))
+    plain = [SamplingParams(temperature=0.0)] * 3
+    tokens, logprobs = Sampler().sample(logits, plain, [[]] * 3, [[]] * 3, [None] * 3, greedy=sentinel)
+    assert tokens.tolist() == [5, 6, 7] and logprobs.tolist() == [-1.0, -2.0, -3.0]
+    expected = logits.argmax(-1)
+    for params, mask in [
+        ([SamplingParams(temperature=0.0, repetition_penalty=1.3)] * 3, None),
+        ([SamplingParams(temperature=0.0, logprobs=2)] * 3, None),
+        (plain[:2] + [SamplingParams(temperature=1.0, top_k=1)], None),
+        (plain, (bitmask_allowing([list(range(VOCAB))]), [0])),
+    ]:
+        tokens, _ = Sampler().sample(logits, params, [[]] * 3, [[1]] * 3, [None] * 3, mask, greedy=sentinel)
+        assert tokens.tolist() != [5, 6, 7]
+        if mask is not None or params[0].logprobs:
+            assert torch.equal(tokens, expected)
 
 
 def test_top_k_one_and_tiny_top_p_equal_greedy() -> None:
