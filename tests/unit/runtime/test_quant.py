@@ -23,12 +23,13 @@ def test_quantize_int8_rounding_bound() -> None:
     assert bool((err <= scale[:, None] / 2 + 1e-7).all())  # round-to-nearest: at most half a step
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 17, 64])  # both sides of PACK_MAX_ROWS: packed and dequantized
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33, 64])  # every kernel: native, packed, dequantized
 def test_int8_linear_matches_dense(rows: int) -> None:
     torch.manual_seed(rows)
     w, b, x = torch.randn(48, 64), torch.randn(48), torch.randn(rows, 64)
     layer = make_linear(w, b, "int8", CPU, torch.float32)
-    assert isinstance(layer, Int8Linear) and layer.nbytes == 48 * 64 + 48 * 2 + 48 * 4
+    scale_bytes = 4 if layer._native is not None else 2  # the scale the decode kernel reads
+    assert isinstance(layer, Int8Linear) and layer.nbytes == 48 * 64 + 48 * scale_bytes + 48 * 4
     q, scale = quantize_int8(w)
     exact = x @ (q.float() * scale[:, None]).t() + b  # what the int8 weights mean, in float32
     got = layer(x)

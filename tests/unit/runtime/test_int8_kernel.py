@@ -1,0 +1,108 @@
+"""The native int8 linear kernel (homeai.runtime.kernels): exact against a float64 reference for every
+row count a decode step can have (both the AVX-512 and the AVX2 variant), clear errors for wrong inputs,
+Int8Linear's choice of kernel by row count, torch.compile tracing through it, and the fallback to
+torch's kernels when it cannot be built or is switched off."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from homeai.runtime import kernels
+from homeai.runtime.quant import NATIVE_MAX_ROWS, Int8Linear, make_linear, quantize_int8
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def native() -> object:
+    op = kernels.int8_linear()
+    assert op is not None, "the native int8 kernel did not build (is a C++ compiler installed?)"
+    return op
+
+
+def reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (F.linear(x.double(), q.double()) * scale.double()).float()
+
+
+def float32_error_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> float:
+    """What float32 accumulation may lose over K products (a standard a-priori bound, loose by design):
+    any indexing or tail bug misses by the size of the outputs, orders of magnitude more."""
+    eps = torch.finfo(torch.float32).eps
+    return x.shape[1] * eps * float(x.abs().max()) * float(q.abs().max()) * float(scale.max())
+
+
+@pytest.mark.parametrize("variant", ["int8_linear", "int8_linear_avx2"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, 16, 17, 33])
+def test_kernel_matches_float64_reference(native: object, variant: str, rows: int) -> None:
+    op = getattr(torch.ops.homeai, variant)
+    gen = torch.Generator().manual_seed(rows)
+    for n, k in [(7, 16), (130, 576), (576, 1536), (1000, 64)]:  # row tails of 1..3, several blocks
+        x = torch.randn(rows, k, generator=gen)
+        q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        scale = torch.rand(n, generator=gen) / 100
+        got = op(x, q, scale)
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        torch.testing.assert_close(got, reference(x, q, scale), rtol=0, atol=float32_error_bound(x, q, scale))
+
+
+def test_kernel_rejects_wrong_inputs_with_a_reason(native: object) -> None:
+    op = torch.ops.homeai.int8_linear
+    x, q, scale = torch.randn(2, 32), torch.zeros(4, 32, dtype=torch.int8), torch.ones(4)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        op(torch.randn(2, 24), torch.zeros(4, 24, dtype=torch.int8), scale)
+    with pytest.raises(RuntimeError, match="x float32, q int8, scale float32"):
+        op(x.double(), q, scale)
+    with pytest.raises(RuntimeError, match=r"q \[N, K\]"):
+        op(x, torch.zeros(4, 48, dtype=torch.int8), scale)
+    assert op(torch.randn(0, 32), q, scale).shape == (0, 4)
+
+
+@pytest.mark.parametrize("rows", [1, 5, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1])
+def test_int8_linear_takes_the_native_kernel_up_to_its_row_limit(native: object, rows: int) -> None:
+    torch.manual_seed(rows)
+    w, x = torch.randn(48, 64), torch.randn(rows, 64)
+    layer = make_linear(w, None, "int8", CPU, torch.float32)
+    assert isinstance(layer, Int8Linear) and layer._native is not None
+    q, scale = quantize_int8(w)
+    got, exact = layer(x), reference(x, q, scale)
+    bound = float32_error_bound(x, q, scale)
+    if rows <= NATIVE_MAX_ROWS:  # float32 activations: float32 rounding only
+        torch.testing.assert_close(got, exact, rtol=0, atol=bound)
+    else:  # bfloat16 activations (the prefill path): ~3 significant digits
+        assert float((got - exact).abs().max()) <= 2e-2 * float(exact.abs().max())
+        assert float((got - exact).abs().max()) > bound
+
+
+def test_compiled_graph_calls_the_native_kernel(native: object) -> None:
+    torch.manual_seed(0)
+    layer = make_linear(torch.randn(96, 64), None, "int8", CPU, torch.float32)
+    x = torch.randn(3, 64)
+    compiled = torch.compile(lambda t: torch.relu(layer(t)) + 1, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(x), torch.relu(layer(x)) + 1)
+
+
+def test_without_the_native_kernel_torchs_kernels_serve(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.setenv("HOMEAI_NATIVE_KERNELS", "0")
+    assert kernels.int8_linear() is None
+
+    def broken() -> None:
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.delenv("HOMEAI_NATIVE_KERNELS")
+    monkeypatch.setattr(kernels, "_build", broken)
+    with caplog.at_level(logging.WARNING, logger="homeai.runtime.kernels"):
+        assert kernels.int8_linear() is None
+    assert "no compiler here" in caplog.text
+    w, x = torch.randn(48, 64), torch.randn(4, 64)
+    layer = make_linear(w, None, "int8", CPU, torch.float32)
+    assert layer._native is None  # torch's packed kernel (bfloat16 activations) instead
+    q, scale = quantize_int8(w)
+    exact = reference(x, q, scale)
+    assert float((layer(x) - exact).abs().max()) <= 2e-2 * float(exact.abs().max())
