@@ -82,14 +82,31 @@ def generate_greedy(model: LlamaModel, prompts: list[list[int]], num_tokens: int
     return [list(s.output_token_ids) for s in seqs]
 
 
-def all_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor:
-    """Logits of every position of one sequence in one prefill (float32, [n, vocab])."""
-    cfg, n = model.cfg, len(token_ids)
-    cache = KVCache(cfg.num_layers, -(-n // 16), 16, cfg.num_kv_heads, cfg.head_dim, model.device, model.dtype)
-    rows = torch.arange(n, device=model.device)
-    meta = AttentionMetadata(slot_mapping=rows, prefills=[PrefillChunk(0, n, None, None)])
-    ids = torch.tensor(token_ids, device=model.device)
-    return model(ids, rows, meta, cache, rows).float().cpu()
+DECODE_ROWS = 16  # continuation tokens per forward pass: decode-sized, so the decode kernels run
+
+
+def stream_logits(model: LlamaModel, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+    """Logits [1 + len(continuation), vocab] (float32) that predicted each token after the prompt, computed
+    the way serving computes them: the prompt in one prefill chunk, then the continuation over the cached
+    prompt in chunks of ``DECODE_ROWS`` tokens, which take the same kernels as decode steps (on the CPU
+    the int8 kernel differs between decode-sized and prompt-sized inputs)."""
+    cfg, dev = model.cfg, model.device
+    n = len(prompt) + len(continuation)
+    cache = KVCache(cfg.num_layers, -(-n // 16), 16, cfg.num_kv_heads, cfg.head_dim, dev, model.dtype)
+    ids = torch.tensor(prompt + continuation, device=dev)
+    p = len(prompt)
+    rows = torch.arange(p, device=dev)
+    meta = AttentionMetadata(slot_mapping=rows, prefills=[PrefillChunk(0, p, None, None)])
+    out = [model(ids[:p], rows, meta, cache, rows[-1:])]
+    for start in range(p, n, DECODE_ROWS):
+        end = min(n, start + DECODE_ROWS)
+        rows = torch.arange(start, end, device=dev)
+        context = torch.arange(end, device=dev)
+        mask = context[None, :] <= rows[:, None]  # causal over the prompt and the chunk so far
+        chunk = PrefillChunk(0, end - start, context, mask)
+        meta = AttentionMetadata(slot_mapping=rows, prefills=[chunk])
+        out.append(model(ids[start:end], rows, meta, cache, torch.arange(end - start, device=dev)))
+    return torch.cat(out).float().cpu()
 
 
 def measure_agreement(reference: LlamaModel, candidate: LlamaModel, prompts: list[list[int]],
@@ -101,9 +118,8 @@ def measure_agreement(reference: LlamaModel, candidate: LlamaModel, prompts: lis
     free = sum(a == b for ra, ca in zip(ref_out, cand_out, strict=True) for a, b in zip(ra, ca, strict=True))
     forced, worst = 0, 0.0
     for prompt, out in zip(prompts, ref_out, strict=True):
-        seq = prompt + out[:-1]
-        rows = slice(len(prompt) - 1, len(seq))  # the positions that predicted each output token
-        ref_logits, cand_logits = all_logits(reference, seq)[rows], all_logits(candidate, seq)[rows]
+        ref_logits = stream_logits(reference, prompt, out[:-1])  # the rows that predicted each output token
+        cand_logits = stream_logits(candidate, prompt, out[:-1])
         forced += int((cand_logits.argmax(-1) == torch.tensor(out)).sum())
         rel = (cand_logits - ref_logits).abs().amax(-1) / ref_logits.std(-1)
         worst = max(worst, float(rel.max()))
