@@ -99,7 +99,9 @@ def test_compiled_logits_match_eager(model: LlamaModel, prompts: list[list[int]]
         assert torch.allclose(out.greedy.logprobs, expected, atol=LOGITS_ATOL)
         # The step's own slots hold the same keys and values; padding touched nothing but the scratch block.
         written = meta.slot_mapping
-        assert torch.allclose(kv[:, written], after_eager[:, written], atol=1e-5)
+        # float32 rounding only: keys and values reach ~15 and differ by ~2e-5 after 30 layers of
+        # differently fused arithmetic (padding or a wrong slot would differ by their own size).
+        assert torch.allclose(kv[:, written], after_eager[:, written], atol=1e-4)
         untouched = torch.ones(kv.shape[1], dtype=torch.bool)
         untouched[written] = False
         untouched[scratch] = False

@@ -1,9 +1,14 @@
-"""Native CPU kernels, compiled at first use and cached: today one, the int8 weight-only linear layer.
+"""Native CPU kernels for decode-sized matmuls, compiled at first use and cached.
 
-Why native: see ``int8_linear.cpp`` (torch's int8 kernel reads weights at half the bandwidth a decode step
-could use). The build takes a few seconds with the C++ compiler torch.compile needs anyway; its output
-lives under the cache directory (``<cache>/kernels/``), so later starts only load it. Without a compiler,
-or on a CPU without AVX2, ``int8_linear()`` returns None and the caller keeps torch's kernels (logged once).
+- ``int8_linear``: int8 weights, float32 activations (``int8_linear.cpp``): torch's int8 kernel reads
+  weights at half the bandwidth a decode step could use.
+- ``float_linear``: float32 weights packed in panels of 32 columns (``float_linear.cpp``): MKL's GEMM on
+  unpacked weights wastes a third of the time at the 2-64 rows of a decode step.
+
+The build takes ~15 s with the C++ compiler torch.compile needs anyway; its output lives under the cache
+directory (``<cache>/kernels/``), so later starts only load it. Without a compiler, or on a CPU without
+AVX2 (AVX-512 for ``float_linear``), the accessors return None and callers keep torch's kernels (logged
+once). ``HOMEAI_NATIVE_KERNELS=0`` switches them off.
 """
 
 from __future__ import annotations
@@ -20,54 +25,83 @@ import torch
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-_SOURCES = (_HERE / "int8_linear.cpp", _HERE / "int8_linear_kernel.inc")
+_SOURCES = (_HERE / "int8_linear.cpp", _HERE / "float_linear.cpp")
+_HEADERS = (_HERE / "int8_linear_kernel.inc",)
 _DISABLE_ENV = "HOMEAI_NATIVE_KERNELS"  # "0": never build or use them (torch's kernels only)
 _lock = threading.Lock()
-_loaded: dict[str, Callable[..., torch.Tensor] | None] = {}
+_loaded: dict[str, bool] = {}  # "library": whether the build loaded (absent: not tried yet)
 
 
 def _build_dir() -> Path:
     """One folder per source version and torch version, under the cache directory."""
     from homeai.repository.cache import default_cache_dir
 
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + torch.__version__.encode())
-    return default_cache_dir() / "kernels" / f"int8_linear-{digest.hexdigest()[:12]}"
+    text = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS) + torch.__version__.encode()
+    return default_cache_dir() / "kernels" / f"homeai_kernels-{hashlib.sha256(text).hexdigest()[:12]}"
 
 
-def _build() -> Callable[..., torch.Tensor]:
+def _build() -> None:
     from torch.utils.cpp_extension import load
 
     folder = _build_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    load(name="homeai_int8_linear", sources=[str(_SOURCES[0])], build_directory=str(folder),
+    load(name="homeai_kernels", sources=[str(s) for s in _SOURCES], build_directory=str(folder),
          extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], extra_include_paths=[str(_HERE)],
          is_python_module=False, verbose=False)
 
     @torch.library.register_fake("homeai::int8_linear")
-    def _(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def _int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], q.shape[0])
 
-    return torch.ops.homeai.int8_linear.default
+    @torch.library.register_fake("homeai::float_linear")
+    def _float(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], n)
 
 
-def _cpu_has_avx2() -> bool:
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+def _library() -> bool:
+    """Build or load the kernels once per process; False where they cannot be used here."""
+    with _lock:
+        if "library" not in _loaded:
+            ok = False
+            if os.environ.get(_DISABLE_ENV, "1") == "0":
+                log.info("native kernels off (%s=0): linear layers use torch's kernels", _DISABLE_ENV)
+            elif torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+                log.info("no AVX2 on this CPU: linear layers use torch's kernels")
+            else:
+                try:
+                    _build()
+                    ok = True
+                except Exception as exc:  # noqa: BLE001 - no compiler, no headers: torch's kernels still work
+                    log.warning("native kernels unavailable, linear layers use torch's kernels: %s", exc)
+            _loaded["library"] = ok
+        return _loaded["library"]
 
 
 def int8_linear() -> Callable[..., torch.Tensor] | None:
     """``op(x [M, K] float32, q [N, K] int8, scale [N] float32) -> [M, N] float32`` (CPU tensors, K a
     multiple of 16), or None where it cannot be built or used here."""
-    with _lock:
-        if "int8_linear" not in _loaded:
-            op = None
-            if os.environ.get(_DISABLE_ENV, "1") == "0":
-                log.info("native kernels off (%s=0): int8 layers use torch's kernels", _DISABLE_ENV)
-            elif not _cpu_has_avx2():
-                log.info("no AVX2 on this CPU: int8 layers use torch's kernels")
-            else:
-                try:
-                    op = _build()
-                except Exception as exc:  # noqa: BLE001 - no compiler, no headers: torch's kernels still work
-                    log.warning("native int8 kernel unavailable, int8 layers use torch's kernels: %s", exc)
-            _loaded["int8_linear"] = op
-        return _loaded["int8_linear"]
+    return torch.ops.homeai.int8_linear.default if _library() else None
+
+
+def float_linear() -> Callable[..., torch.Tensor] | None:
+    """``op(x [M, K] float32, packed [ceil(N/32), K, 32] float32, N) -> [M, N] float32`` (CPU tensors;
+    ``pack_float_weight`` makes ``packed``), or None where it cannot be built or this CPU lacks AVX-512."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
+        return None
+    return torch.ops.homeai.float_linear.default
+
+
+PANEL = 32  # output columns per panel (float_linear.cpp's kPanel)
+
+
+def pack_float_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N/32), K, 32]: panel p holds output columns 32p..32p+31, k-major (zeros pad N)."""
+    n, k = weight.shape
+    panels = -(-n // PANEL)
+    padded = torch.nn.functional.pad(weight, (0, 0, 0, panels * PANEL - n))
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+
+
+def unpack_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` of the [N, K] weight that ``packed`` holds (a tied embedding's lookups): [len, K]."""
+    return packed[rows // PANEL, :, rows % PANEL]

@@ -49,8 +49,12 @@ def test_int8_embed_rows_are_dequantized_rows() -> None:
 
 def test_dense_linear_and_unknown_quantization() -> None:
     w = torch.randn(8, 4, dtype=torch.float64)
-    layer = make_linear(w, None, "none", CPU, torch.float32)
-    assert type(layer) is Linear and layer.weight.dtype == torch.float32 and layer.nbytes == 8 * 4 * 4
+    layer = make_linear(w, None, "none", CPU, torch.bfloat16)  # not float32: never packed
+    assert type(layer) is Linear and layer.weight.dtype == torch.bfloat16 and layer.nbytes == 8 * 4 * 2
+    dense = make_linear(w, None, "none", CPU, torch.float32)  # plain or packed (see test_native_kernels.py)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(dense(x), x @ w.float().t())
+    assert dense.num_weights == 32 and dense.nbytes >= 8 * 4 * 4
     with pytest.raises(ValueError, match="int3"):
         make_linear(w, None, "int3", CPU, torch.float32)
 

@@ -1,7 +1,8 @@
-"""The native int8 linear kernel (homeai.runtime.kernels): exact against a float64 reference for every
-row count a decode step can have (both the AVX-512 and the AVX2 variant), clear errors for wrong inputs,
-Int8Linear's choice of kernel by row count, torch.compile tracing through it, and the fallback to
-torch's kernels when it cannot be built or is switched off."""
+"""The native kernels (homeai.runtime.kernels). int8: exact against a float64 reference for every row
+count a decode step can have (both the AVX-512 and the AVX2 variant), clear errors for wrong inputs,
+Int8Linear's choice of kernel by row count. float32 on packed panels: the same against the plain matmul,
+odd shapes included, and a packed layer's embedding rows. Both: torch.compile tracing through them, and
+the fallback to torch's kernels when they cannot be built or are switched off."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from homeai.runtime import kernels
-from homeai.runtime.quant import NATIVE_MAX_ROWS, Int8Linear, make_linear, quantize_int8
+from homeai.runtime.quant import NATIVE_MAX_ROWS, Int8Linear, Linear, PackedLinear, make_linear, quantize_int8
 
 CPU = torch.device("cpu")
 
@@ -77,9 +78,39 @@ def test_int8_linear_takes_the_native_kernel_up_to_its_row_limit(native: object,
         assert float((got - exact).abs().max()) > bound
 
 
-def test_compiled_graph_calls_the_native_kernel(native: object) -> None:
+needs_avx512 = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
+                                  reason="float32 weights are packed only on CPUs with AVX-512")
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 33, 200])  # 200: more than one 128-row sweep
+def test_packed_float_linear_matches_the_plain_matmul(native: object, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    for n, k in [(960, 576), (7, 5), (49, 576), (33, 1536)]:  # partial last panels, odd K
+        w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        x = torch.randn(rows, k, generator=gen)
+        layer = make_linear(w, b, "none", CPU, torch.float32)
+        assert isinstance(layer, PackedLinear) and layer.num_weights == n * k
+        exact = (F.linear(x.double(), w.double()) + b.double()).float()
+        bound = k * torch.finfo(torch.float32).eps * float(x.abs().max()) * float(w.abs().max())
+        torch.testing.assert_close(layer(x), exact, rtol=0, atol=bound + 1e-6)
+        ids = torch.tensor([0, n - 1, n // 2, 0])
+        assert torch.equal(layer.embed(ids, torch.float32), w[ids])  # a tied embedding's rows, exactly
+
+
+@needs_avx512
+def test_packed_float_linear_rejects_a_wrong_column_count(native: object) -> None:
+    from homeai.runtime.kernels import pack_float_weight
+
+    packed = pack_float_weight(torch.randn(40, 16))  # two panels: 33..64 columns fit
+    with pytest.raises(RuntimeError, match="got N=70"):
+        torch.ops.homeai.float_linear(torch.randn(2, 16), packed, 70)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "none"])
+def test_compiled_graph_calls_the_native_kernel(native: object, fmt: str) -> None:
     torch.manual_seed(0)
-    layer = make_linear(torch.randn(96, 64), None, "int8", CPU, torch.float32)
+    layer = make_linear(torch.randn(96, 64), None, fmt, CPU, torch.float32)
     x = torch.randn(3, 64)
     compiled = torch.compile(lambda t: torch.relu(layer(t)) + 1, fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(x), torch.relu(layer(x)) + 1)
@@ -89,7 +120,8 @@ def test_without_the_native_kernel_torchs_kernels_serve(monkeypatch: pytest.Monk
                                                         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(kernels, "_loaded", {})
     monkeypatch.setenv("HOMEAI_NATIVE_KERNELS", "0")
-    assert kernels.int8_linear() is None
+    assert kernels.int8_linear() is None and kernels.float_linear() is None
+    assert type(make_linear(torch.randn(8, 16), None, "none", CPU, torch.float32)) is Linear
 
     def broken() -> None:
         raise RuntimeError("no compiler here")
@@ -98,7 +130,7 @@ def test_without_the_native_kernel_torchs_kernels_serve(monkeypatch: pytest.Monk
     monkeypatch.delenv("HOMEAI_NATIVE_KERNELS")
     monkeypatch.setattr(kernels, "_build", broken)
     with caplog.at_level(logging.WARNING, logger="homeai.runtime.kernels"):
-        assert kernels.int8_linear() is None
+        assert kernels.int8_linear() is None and kernels.float_linear() is None
     assert "no compiler here" in caplog.text
     w, x = torch.randn(48, 64), torch.randn(4, 64)
     layer = make_linear(w, None, "int8", CPU, torch.float32)
