@@ -9,7 +9,7 @@ a handful of large matmuls.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,6 +129,12 @@ class LlamaModel(torch.nn.Module):
         freqs = torch.outer(positions, rope_inv_freq(cfg))  # [max_pos, d/2]
         # q/k rows are stored interleaved (see _interleave), so RoPE is one complex multiply.
         self.rope_table = torch.polar(torch.ones_like(freqs), freqs).to(device)  # complex64
+        # Decode rows attend straight from the paged cache where the native kernel serves this model.
+        self.paged_attention: Callable[..., torch.Tensor] | None = None
+        if device.type == "cpu" and dtype == torch.float32 and cfg.head_dim in (64, 128):
+            from homeai.runtime.kernels import decode_attention
+
+            self.paged_attention = decode_attention()
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -209,9 +215,12 @@ class LlamaModel(torch.nn.Module):
             # so GQA needs no copy of keys or values.
             bd = meta.decode_token_idx.shape[0]
             qd = (q if meta.all_decode else q[meta.decode_token_idx]).reshape(bd, kvh, group, d)
-            ctx = cache.gather(li, meta.decode_slots)  # [Bd, L, 2, kvh, d]
-            o = F.scaled_dot_product_attention(qd, ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2),
-                                               attn_mask=meta.decode_mask)
+            if self.paged_attention is not None and meta.decode_lens is not None:
+                o = self.paged_attention(qd.reshape(bd, h, d), cache.kv, li, meta.decode_slots, meta.decode_lens)
+            else:
+                ctx = cache.gather(li, meta.decode_slots)  # [Bd, L, 2, kvh, d]
+                o = F.scaled_dot_product_attention(qd, ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2),
+                                                   attn_mask=meta.decode_mask)
             if meta.all_decode:
                 return o.reshape(bd, h, d)
             out = torch.empty_like(q)

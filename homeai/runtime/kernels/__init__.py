@@ -1,9 +1,11 @@
-"""Native CPU kernels for decode-sized matmuls, compiled at first use and cached.
+"""Native CPU kernels for decode steps, compiled at first use and cached.
 
 - ``int8_linear``: int8 weights, float32 activations (``int8_linear.cpp``): torch's int8 kernel reads
   weights at half the bandwidth a decode step could use.
 - ``float_linear``: float32 weights packed in panels of 32 columns (``float_linear.cpp``): MKL's GEMM on
   unpacked weights wastes a third of the time at the 2-64 rows of a decode step.
+- ``decode_attention``: one query per sequence against its context read where it lies in the paged
+  cache (``decode_attention.cpp``): no gathered copy of the context for SDPA.
 
 The build takes ~15 s with the C++ compiler torch.compile needs anyway; its output lives under the cache
 directory (``<cache>/kernels/``), so later starts only load it. Without a compiler, or on a CPU without
@@ -25,7 +27,7 @@ import torch
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-_SOURCES = (_HERE / "int8_linear.cpp", _HERE / "float_linear.cpp")
+_SOURCES = (_HERE / "int8_linear.cpp", _HERE / "float_linear.cpp", _HERE / "decode_attention.cpp")
 _HEADERS = (_HERE / "int8_linear_kernel.inc",)
 _DISABLE_ENV = "HOMEAI_NATIVE_KERNELS"  # "0": never build or use them (torch's kernels only)
 _lock = threading.Lock()
@@ -56,6 +58,11 @@ def _build() -> None:
     @torch.library.register_fake("homeai::float_linear")
     def _float(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], n)
+
+    @torch.library.register_fake("homeai::decode_attention")
+    def _attention(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor,
+                   lens: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(q)
 
 
 def _library() -> bool:
@@ -89,6 +96,15 @@ def float_linear() -> Callable[..., torch.Tensor] | None:
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.float_linear.default
+
+
+def decode_attention() -> Callable[..., torch.Tensor] | None:
+    """``op(q [B, heads, d], kv [layers, slots, 2, kv_heads, d], layer, slots [B, L], lens [B]) -> [B, heads,
+    d]`` (float32 CPU tensors, d 64 or 128): one query per row against its context read from the paged
+    cache, or None where it cannot be built or this CPU lacks AVX-512."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
+        return None
+    return torch.ops.homeai.decode_attention.default
 
 
 PANEL = 32  # output columns per panel (float_linear.cpp's kPanel)

@@ -107,6 +107,46 @@ def test_packed_float_linear_rejects_a_wrong_column_count(native: object) -> Non
         torch.ops.homeai.float_linear(torch.randn(2, 16), packed, 70)
 
 
+def sdpa_reference(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor,
+                   lens: torch.Tensor) -> torch.Tensor:
+    """The torch path the kernel replaces: gather each row's context, SDPA under a length mask, in float64."""
+    b, heads, d = q.shape
+    kv_heads = kv.shape[3]
+    ctx = kv[layer][slots].double()  # [B, L, 2, kv_heads, d]
+    mask = (torch.arange(slots.shape[1]) < lens[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q.double().reshape(b, kv_heads, heads // kv_heads, d),
+                                         ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2), attn_mask=mask)
+    return out.reshape(b, heads, d).float()
+
+
+@needs_avx512
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(9, 3, 64), (32, 8, 64), (8, 8, 128), (14, 2, 64)])
+def test_decode_attention_matches_gather_and_sdpa(native: object, heads: int, kv_heads: int, d: int) -> None:
+    gen = torch.Generator().manual_seed(heads * d)
+    kv = torch.randn(3, 700, 2, kv_heads, d, generator=gen) * 2  # scores spread wide: a peaked softmax too
+    lens = torch.tensor([1, 5, 16, 17, 150, 200])  # one token, partial and whole vector tails, full rows
+    slots = torch.randint(0, 700, (6, 200), generator=gen)
+    q = torch.randn(6, heads, d, generator=gen)
+    got = torch.ops.homeai.decode_attention(q, kv, 2, slots, lens)
+    torch.testing.assert_close(got, sdpa_reference(q, kv, 2, slots, lens), rtol=1e-4, atol=1e-5)
+    short = lens.clamp(max=150)
+    slots[:, 150:] = 0  # what lies past a row's length is never read
+    torch.testing.assert_close(torch.ops.homeai.decode_attention(q, kv, 2, slots, short),
+                               sdpa_reference(q, kv, 2, slots, short), rtol=1e-4, atol=1e-5)
+
+
+@needs_avx512
+def test_decode_attention_rejects_wrong_inputs_with_a_reason(native: object) -> None:
+    op = torch.ops.homeai.decode_attention
+    kv, slots, lens = torch.zeros(2, 32, 2, 3, 64), torch.zeros(1, 4, dtype=torch.long), torch.ones(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="head_dim 64 or 128"):
+        op(torch.zeros(1, 9, 32), torch.zeros(2, 32, 2, 3, 32), 0, slots, lens)
+    with pytest.raises(RuntimeError, match="layer out of range"):
+        op(torch.zeros(1, 9, 64), kv, 2, slots, lens)
+    with pytest.raises(RuntimeError, match="head counts"):
+        op(torch.zeros(1, 8, 64), kv, 0, slots, lens)
+
+
 @pytest.mark.parametrize("fmt", ["int8", "none"])
 def test_compiled_graph_calls_the_native_kernel(native: object, fmt: str) -> None:
     torch.manual_seed(0)
