@@ -20,12 +20,14 @@ install: $(BIN)/.installed
 
 pull: install
 	for m in $(MODELS); do $(BIN)/homeai pull $$m || exit 1; done
+	$(BIN)/python -m homeai.runtime.kernels
 
 run: pull
 	$(BIN)/homeai serve
 
 test: install
 	for m in $(MODELS); do HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/homeai pull $$m || exit 1; done
+	HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m homeai.runtime.kernels
 	HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install

@@ -1,12 +1,13 @@
-"""The int8 kernels side by side on one model's weight shapes: which one a decode step should take.
+"""The matmul kernels side by side on one model's weight shapes: which one a decode step should take.
 
     homeai bench kernels [--shape smollm2-135m] [--rows 1,2,4,8,16,32,64] [--json]
 
 One pass = every weight matrix of the model once (30 layers x qkv, o, gate_up, down, and the lm_head for
 SmolLM2-135M), each with its own random weights, so the pass reads them from memory as a decode step
-does, not from cache. Per row count: milliseconds per pass for the float32 matmul, torch's packed int8
-kernel (bfloat16 activations), a bfloat16 dequantize-then-matmul, and our native kernel
-(homeai.runtime.kernels); and the native kernel's int8 read rate in GB/s. Best of ``repeats``.
+does, not from cache. Per row count: milliseconds per pass for the float32 matmul (MKL on the plain
+layout, and our kernel on weights packed in panels), torch's packed int8 kernel (bfloat16 activations),
+a bfloat16 dequantize-then-matmul, and our int8 kernel (homeai.runtime.kernels); and our int8 kernel's
+read rate in GB/s. Best of ``repeats``.
 """
 
 from __future__ import annotations
@@ -43,44 +44,50 @@ def best_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def run_kernels(cfg: LlamaConfig, rows: list[int], repeats: int = 5, log: Any = print) -> dict[str, Any]:
-    from homeai.runtime.kernels import int8_linear
+    from homeai.runtime.kernels import float_linear, int8_linear, pack_float_weight
     from homeai.runtime.quant import quantize_int8
 
-    native = int8_linear()
+    native, packed_op = int8_linear(), float_linear()
     gen = torch.Generator().manual_seed(0)
     shapes = weight_shapes(cfg)
     dense = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
     quantized = [quantize_int8(w) for w in dense]
     scales_bf16 = [s.to(torch.bfloat16) for _, s in quantized]
+    packed = [pack_float_weight(w) for w in dense] if packed_op is not None else []
     int8_bytes = sum(q.numel() for q, _ in quantized)
     out: dict[str, Any] = {"threads": torch.get_num_threads(), "native": native is not None,
+                           "float32_packed": packed_op is not None,
                            "int8_mb": int8_bytes / 1e6, "rows": {}}
     for m in rows:
         xs = [torch.randn(m, k, generator=gen) for _, k in shapes]
-        row = _one_row_count(xs, dense, quantized, scales_bf16, native, repeats)
+        row = _one_row_count(xs, dense, packed, packed_op, quantized, scales_bf16, native, repeats)
         if native is not None:
-            row["native_gb_s"] = int8_bytes / row["native"] / 1e6
+            row["int8_native_gb_s"] = int8_bytes / row["int8_native"] / 1e6
         out["rows"][m] = row
         log(f"{m:3d} rows: " + "  ".join(f"{k} {v:.1f}" + ("" if k.endswith("gb_s") else " ms")
                                          for k, v in row.items()))
     return out
 
 
-def _one_row_count(xs: list[torch.Tensor], dense: list[torch.Tensor],
-                   quantized: list[tuple[torch.Tensor, torch.Tensor]], scales_bf16: list[torch.Tensor],
-                   native: Callable[..., torch.Tensor] | None, repeats: int) -> dict[str, float]:
+def _one_row_count(xs: list[torch.Tensor], dense: list[torch.Tensor], packed: list[torch.Tensor],
+                   packed_op: Callable[..., torch.Tensor] | None, quantized: list[tuple[torch.Tensor, torch.Tensor]],
+                   scales_bf16: list[torch.Tensor], native: Callable[..., torch.Tensor] | None,
+                   repeats: int) -> dict[str, float]:
     """Milliseconds per pass of each kernel for one set of activations."""
     xb = [x.to(torch.bfloat16) for x in xs]
     qs = [q for q, _ in quantized]
-    row = {
-        "float32": best_ms(lambda: [F.linear(x, w) for x, w in zip(xs, dense, strict=True)], repeats),
+    row = {"float32": best_ms(lambda: [F.linear(x, w) for x, w in zip(xs, dense, strict=True)], repeats)}
+    if packed_op is not None:
+        row["float32_packed"] = best_ms(lambda: [packed_op(x, p, w.shape[0]) for x, p, w
+                                                 in zip(xs, packed, dense, strict=True)], repeats)
+    row |= {
         "torch_int8pack": best_ms(lambda: [torch._weight_int8pack_mm(x, q, s)
                                            for x, q, s in zip(xb, qs, scales_bf16, strict=True)], repeats),
         "bf16_dequantize": best_ms(lambda: [F.linear(x, q.to(torch.bfloat16)) * s
                                             for x, q, s in zip(xb, qs, scales_bf16, strict=True)], repeats),
     }
     if native is not None:
-        row["native"] = best_ms(lambda: [native(x, q, s) for x, (q, s) in zip(xs, quantized, strict=True)],
+        row["int8_native"] = best_ms(lambda: [native(x, q, s) for x, (q, s) in zip(xs, quantized, strict=True)],
                                 repeats)
     return row
 

@@ -34,7 +34,7 @@ _lock = threading.Lock()
 _loaded: dict[str, bool] = {}  # "library": whether the build loaded (absent: not tried yet)
 
 
-def _build_dir() -> Path:
+def build_dir() -> Path:
     """One folder per source version and torch version, under the cache directory."""
     from homeai.repository.cache import default_cache_dir
 
@@ -45,7 +45,7 @@ def _build_dir() -> Path:
 def _build() -> None:
     from torch.utils.cpp_extension import load
 
-    folder = _build_dir()
+    folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
     load(name="homeai_kernels", sources=[str(s) for s in _SOURCES], build_directory=str(folder),
          extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], extra_include_paths=[str(_HERE)],
