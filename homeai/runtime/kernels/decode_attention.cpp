@@ -147,12 +147,18 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kv, int64_t l
   const at::Tensor qc = q.contiguous(), sc = slots.contiguous(), lc = lens.contiguous();
   at::Tensor out = at::empty_like(qc);
   const float* kv_layer = kv.data_ptr<float>() + layer * kv.stride(0);
-  const int64_t L = sc.size(1);
+  const int64_t L = sc.size(1), num_slots = kv.size(1);
+  const int64_t* sp = sc.data_ptr<int64_t>();
+  const int64_t* lp = lc.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {  // a slot outside the cache would read foreign memory: refuse it
+    const int64_t len = std::min(std::max<int64_t>(lp[b], 1), L);
+    for (int64_t l = 0; l < len; ++l)
+      TORCH_CHECK(0 <= sp[b * L + l] && sp[b * L + l] < num_slots, "decode_attention: slot ", sp[b * L + l],
+                  " of row ", b, " outside the cache's ", num_slots, " slots");
+  }
   switch (D) {
-    case 64: run<64>(qc.data_ptr<float>(), kv_layer, sc.data_ptr<int64_t>(), lc.data_ptr<int64_t>(),
-                     out.data_ptr<float>(), B, L, heads, kv_heads); break;
-    case 128: run<128>(qc.data_ptr<float>(), kv_layer, sc.data_ptr<int64_t>(), lc.data_ptr<int64_t>(),
-                       out.data_ptr<float>(), B, L, heads, kv_heads); break;
+    case 64: run<64>(qc.data_ptr<float>(), kv_layer, sp, lp, out.data_ptr<float>(), B, L, heads, kv_heads); break;
+    case 128: run<128>(qc.data_ptr<float>(), kv_layer, sp, lp, out.data_ptr<float>(), B, L, heads, kv_heads); break;
     default: TORCH_CHECK(false, "decode_attention: head_dim 64 or 128, got ", D);
   }
   return out;

@@ -145,6 +145,9 @@ def test_decode_attention_rejects_wrong_inputs_with_a_reason(native: object) -> 
         op(torch.zeros(1, 9, 64), kv, 2, slots, lens)
     with pytest.raises(RuntimeError, match="head counts"):
         op(torch.zeros(1, 8, 64), kv, 0, slots, lens)
+    with pytest.raises(RuntimeError, match="slot 32 of row 0 outside the cache's 32 slots"):
+        op(torch.zeros(1, 9, 64), kv, 0, torch.tensor([[3, 32, 0, 0]]), torch.tensor([2]))
+    op(torch.zeros(1, 9, 64), kv, 0, torch.tensor([[3, 4, 99, -1]]), torch.tensor([2]))  # past the length: unread
 
 
 @pytest.mark.parametrize("fmt", ["int8", "none"])
