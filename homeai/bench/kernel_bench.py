@@ -6,8 +6,8 @@ One pass = every weight matrix of the model once (30 layers x qkv, o, gate_up, d
 SmolLM2-135M), each with its own random weights, so the pass reads them from memory as a decode step
 does, not from cache. Per row count: milliseconds per pass for the float32 matmul (MKL on the plain
 layout, and our kernel on weights packed in panels), torch's packed int8 kernel (bfloat16 activations),
-a bfloat16 dequantize-then-matmul, and our int8 kernel (homeai.runtime.kernels); and our int8 kernel's
-read rate in GB/s. Best of ``repeats``.
+a bfloat16 dequantize-then-matmul (torch's conversion, and ours: what prompts take), and our int8 kernel
+(homeai.runtime.kernels); and our int8 kernel's read rate in GB/s. Best of ``repeats``.
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ def _one_row_count(xs: list[torch.Tensor], dense: list[torch.Tensor], packed: li
                    scales_bf16: list[torch.Tensor], native: Callable[..., torch.Tensor] | None,
                    repeats: int) -> dict[str, float]:
     """Milliseconds per pass of each kernel for one set of activations."""
+    from homeai.runtime.kernels import int8_to_bf16
+
     xb = [x.to(torch.bfloat16) for x in xs]
     qs = [q for q, _ in quantized]
     row = {"float32": best_ms(lambda: [F.linear(x, w) for x, w in zip(xs, dense, strict=True)], repeats)}
@@ -86,6 +88,17 @@ def _one_row_count(xs: list[torch.Tensor], dense: list[torch.Tensor], packed: li
         "bf16_dequantize": best_ms(lambda: [F.linear(x, q.to(torch.bfloat16)) * s
                                             for x, q, s in zip(xb, qs, scales_bf16, strict=True)], repeats),
     }
+    to_bf16 = int8_to_bf16()
+    if to_bf16 is not None:  # the same, with the native conversion into one reused buffer (Int8Linear's way)
+        scratch = torch.empty(max(q.numel() for q in qs), dtype=torch.bfloat16)
+
+        def converted(q: torch.Tensor) -> torch.Tensor:
+            weight = scratch[:q.numel()].view(q.shape)
+            to_bf16(weight, q)
+            return weight
+
+        row["bf16_dequantize_native"] = best_ms(lambda: [F.linear(x, converted(q)) * s for x, q, s
+                                                         in zip(xb, qs, scales_bf16, strict=True)], repeats)
     if native is not None:
         row["int8_native"] = best_ms(lambda: [native(x, q, s) for x, (q, s) in zip(xs, quantized, strict=True)],
                                 repeats)

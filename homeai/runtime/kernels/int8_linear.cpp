@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,fma")
@@ -56,6 +57,27 @@ struct V {
 };
 #include "int8_linear_kernel.inc"
 }  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+namespace avx512 {
+// int8 -> bfloat16, exactly (every int8 value has at most 8 significant bits): the float32's upper half.
+void to_bf16(const int8_t* q, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
+    const __m256i bf = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bf);
+  }
+  for (; i < n; ++i) {
+    const float f = static_cast<float>(q[i]);
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    out[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+}  // namespace avx512
 #pragma GCC pop_options
 
 namespace {
@@ -101,13 +123,27 @@ at::Tensor int8_linear_avx2(const at::Tensor& x, const at::Tensor& q, const at::
   return run(x, q, scale, false);
 }
 
+// Writes q's values into ``out`` (bfloat16, same shape): a prompt's int8 matmul then runs in bfloat16 on a
+// buffer that stays in cache, instead of torch's int8 -> bfloat16 conversion (4-10x slower here).
+void int8_to_bf16(at::Tensor& out, const at::Tensor& q) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && out.scalar_type() == at::kBFloat16, "int8_to_bf16: int8 q, bfloat16 out");
+  TORCH_CHECK(q.device().is_cpu() && out.device().is_cpu() && q.is_contiguous() && out.is_contiguous() &&
+                  out.numel() == q.numel(), "int8_to_bf16: contiguous CPU tensors of one size");
+  TORCH_CHECK(has_avx512(), "int8_to_bf16: needs AVX-512");
+  const int8_t* qp = q.data_ptr<int8_t>();
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  at::parallel_for(0, q.numel(), 1 << 16, [&](int64_t i0, int64_t i1) { avx512::to_bf16(qp + i0, op + i0, i1 - i0); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(homeai, m) {
   m.def("int8_linear(Tensor x, Tensor q, Tensor scale) -> Tensor");
   m.def("int8_linear_avx2(Tensor x, Tensor q, Tensor scale) -> Tensor");
+  m.def("int8_to_bf16(Tensor(a!) out, Tensor q) -> ()");
 }
 TORCH_LIBRARY_IMPL(homeai, CPU, m) {
   m.impl("int8_linear", &int8_linear);
   m.impl("int8_linear_avx2", &int8_linear_avx2);
+  m.impl("int8_to_bf16", &int8_to_bf16);
 }

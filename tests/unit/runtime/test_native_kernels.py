@@ -16,6 +16,8 @@ from homeai.runtime import kernels
 from homeai.runtime.quant import NATIVE_MAX_ROWS, Int8Linear, Linear, PackedLinear, make_linear, quantize_int8
 
 CPU = torch.device("cpu")
+needs_avx512 = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
+                                  reason="float32 weights are packed only on CPUs with AVX-512")
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,20 @@ def test_kernel_rejects_wrong_inputs_with_a_reason(native: object) -> None:
     assert op(torch.randn(0, 32), q, scale).shape == (0, 4)
 
 
+@needs_avx512
+def test_int8_to_bf16_is_exact_and_prompt_sized_inputs_use_it(native: object,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    q = torch.arange(-128, 128, dtype=torch.int8).repeat(40)[:10_001].contiguous()  # every value, a tail
+    out = torch.empty(q.shape, dtype=torch.bfloat16)
+    torch.ops.homeai.int8_to_bf16(out, q)
+    assert torch.equal(out, q.to(torch.bfloat16))
+    layer = make_linear(torch.randn(96, 64), None, "int8", CPU, torch.float32)
+    x = torch.randn(NATIVE_MAX_ROWS + 14, 64)
+    fast = layer(x)
+    monkeypatch.setattr(layer, "_to_bf16", None)  # torch's conversion: the same bfloat16 weights
+    assert torch.equal(fast, layer(x))
+
+
 @pytest.mark.parametrize("rows", [1, 5, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1])
 def test_int8_linear_takes_the_native_kernel_up_to_its_row_limit(native: object, rows: int) -> None:
     torch.manual_seed(rows)
@@ -77,9 +93,6 @@ def test_int8_linear_takes_the_native_kernel_up_to_its_row_limit(native: object,
         assert float((got - exact).abs().max()) <= 2e-2 * float(exact.abs().max())
         assert float((got - exact).abs().max()) > bound
 
-
-needs_avx512 = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
-                                  reason="float32 weights are packed only on CPUs with AVX-512")
 
 
 @needs_avx512
