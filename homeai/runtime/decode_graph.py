@@ -5,7 +5,7 @@ PyTorch each op is a dispatch and, on the CPU, an OpenMP fork/join (on a GPU, a 
 costs more than the arithmetic. ``torch.compile`` fuses the norms, RoPE, the cache write, the SiLU, the
 residual adds and the greedy pick into a few generated kernels; matmuls and attention stay calls (on a
 CPU with AVX-512 our native kernels, homeai.runtime.kernels). Measured here (2-core CPU, SmolLM2-135M
-float32, ``homeai bench engine``): one stream 37.8 -> 42.6 tok/s, 16 streams 348 -> 392.
+float32, ``homeai bench engine``): one stream 38.6 -> 43.7 tok/s, 16 streams 359 -> 402.
 
 Batch sizes are padded up to a bucket (1, 2, 4, ... 64) so a handful of graphs serve every decode step;
 padding rows write and read the cache's scratch block, which no sequence owns. On CUDA each bucket runs
