@@ -2,7 +2,7 @@
 //
 // Why: a decode step of a small model multiplies 2-64 rows by every weight matrix. MKL's GEMM reads the
 // weights as they lie ([N, K] rows) and reaches 150 GFLOP/s at 32 rows on the 2-core Xeon this was
-// measured on (`homeai bench kernels --format float32`); with the weights stored once in panels
+// measured on (`homeai bench kernels`); with the weights stored once in panels
 // ([ceil(N/32), K, 32], the same bytes) an outer-product loop keeps 8 rows x 32 columns of results in
 // registers and streams each panel once per 8 rows: 1.3x at 32 rows, 1.5-2x at 4-16, even at one row and
 // at prompt sizes. AVX-512 only: elsewhere the weights stay unpacked and MKL serves (homeai.runtime.quant).
