@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from homeai.bench.engine_bench import best_s
 from homeai.bench.speed_bench import SHAPES
 from homeai.runtime.llama_config import LlamaConfig
 
@@ -34,13 +34,7 @@ def weight_shapes(cfg: LlamaConfig) -> list[tuple[int, int]]:
 
 
 def best_ms(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
+    return 1e3 * best_s(fn, repeats)
 
 
 def run_kernels(cfg: LlamaConfig, rows: list[int], repeats: int = 5, log: Any = print) -> dict[str, Any]:

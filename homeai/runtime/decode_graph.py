@@ -70,8 +70,9 @@ def decode_forward(model: LlamaModel, cos: torch.Tensor, sin: torch.Tensor, inpu
     h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qk_size = (h + kvh) * d
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [B, 1, d/2]
-    valid = torch.arange(ctx_slots.shape[1], device=ctx_slots.device) < ctx_lens.unsqueeze(1)  # [B, L]
-    mask = valid[:, None, None, :]  # [B, 1, 1, L]
+    if model.paged_attention is None:  # SDPA over a gathered context needs the length mask
+        valid = torch.arange(ctx_slots.shape[1], device=ctx_slots.device) < ctx_lens.unsqueeze(1)  # [B, L]
+        mask = valid[:, None, None, :]  # [B, 1, 1, L]
     x = model.embed.embed(input_ids, model.dtype)
     for li, layer in enumerate(model.layers):
         hs = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, cfg.rms_norm_eps)
