@@ -20,7 +20,8 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default="household", choices=["household", "all", *ACCEPTANCE_TRACES[1:]],
                    help="household: ours vs FIFO and priority; all or a trace name: the acceptance figures "
                         "(voice TTFT p99 vs the same trace without background, ITL vs target, lost requests, "
-                        "background service vs its min_share)")
+                        "background service vs its min_share, preemptions, futile ones, wasted tokens), each "
+                        "trace with a 4,096-block KV pool and with the server's default 364")
     p.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
     p.add_argument("--profile", default="gpu-8b",
                    help=f"cost model: {', '.join(sorted(PROFILES))} or a JSON file from `homeai bench calibrate`")
@@ -45,7 +46,8 @@ def print_table(report: dict[str, Any]) -> None:
     for name, fig in variants.items():
         print(f"\n== {name}: voice_ttft_p99_ratio={_num(fig['voice_ttft_p99_ratio'])} "
               f"background_throughput_ratio={_num(fig['background_throughput_ratio'])} "
-              f"jain_chat={_num(fig['jain_chat'])}")
+              f"jain_chat={_num(fig['jain_chat'])} preemptions={fig['preemptions']} "
+              f"futile={fig['futile_preemptions']} wasted_tokens={fig['wasted_tokens']}")
         print(f"{'class':<10} {'ttft p50':>9} {'ttft p99':>9} {'itl p50':>8} {'itl p99':>8} {'tok/s':>9} "
               f"{'done':>6} {'rej':>5}")
         for cls, c in fig["classes"].items():
@@ -55,14 +57,17 @@ def print_table(report: dict[str, Any]) -> None:
 
 def print_acceptance(report: dict[str, Any]) -> None:
     print(f"acceptance traces, {report['horizon_s']:.0f} s per run, device: {report['profile']}")
-    print(f"{'trace':<34} {'ttft p99/idle':>13} {'itl p99/target':>14} {'lost':>5}  background got/entitled")
+    print(f"{'trace':<40} {'ttft p99/idle':>13} {'itl p99/target':>14} {'lost':>5} {'preempt':>7} "
+          f"{'futile':>6} {'wasted':>8}  background got/entitled")
     for name, t in report["traces"].items():
         bg = " ".join(f"{c}={_num(b['entitlement_ratio'])}" for c, b in t["background"].items())
-        print(f"{name:<34} {_num(t['voice_ttft_p99_ratio']):>13} {_num(t['voice_itl_p99_over_target']):>14} "
-              f"{t['lost_requests']:>5}  {bg}")
+        print(f"{name:<40} {_num(t['voice_ttft_p99_ratio']):>13} {_num(t['voice_itl_p99_over_target']):>14} "
+              f"{t['lost_requests']:>5} {t['preemptions']:>7} {t['futile_preemptions']:>6} "
+              f"{t['wasted_tokens']:>8}  {bg}")
     print(f"worst: ttft ratio {_num(report['worst_voice_ttft_p99_ratio'])}, itl/target "
           f"{_num(report['worst_voice_itl_p99_over_target'])}, lost {report['lost_requests']}, background "
-          f"{_num(report['worst_background_entitlement_ratio'])}")
+          f"{_num(report['worst_background_entitlement_ratio'])}; preemptions {report['preemptions']} "
+          f"(futile {report['futile_preemptions']}), wasted tokens {report['wasted_tokens']}")
 
 
 def run_sim(args: argparse.Namespace) -> int:

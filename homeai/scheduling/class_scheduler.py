@@ -46,7 +46,8 @@ class LLMClassState:
     queue: ClassQueue
     vtc: VirtualTokenCounter
     num_running: int = 0
-    served_tokens: int = 0  # all-time, for stats
+    served_tokens: int = 0  # all-time, for stats: tokens computed, recomputed ones included
+    wasted_tokens: int = 0  # all-time: computed tokens a preemption threw away (computed again later)
     bucket: ShareBucket = field(default_factory=lambda: ShareBucket(0.0, 0.0))  # min_share credit, tokens
 
     @property
@@ -74,6 +75,9 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         self.running: list[Sequence] = []
         self.rejected: list[Sequence] = []  # timed out in a queue (REJECT): the engine fails them
         self.num_preemptions = 0
+        self.num_futile_preemptions = 0  # preemptions that did not make the room they were made for
+        self.num_wasted_tokens = 0  # computed tokens thrown away by preemptions
+        self._num_reused: dict[int, int] = {}  # seq id -> prompt tokens its admission found cached
         self.last_interactive_s = float("-inf")  # last time an interactive class had work
         self._interactive_now = False
         self.apply_policy(policy)
@@ -140,6 +144,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         return max(0, free if cap is None else min(free, cap - state.num_running))
 
     def _forget(self, seq: Sequence) -> None:
+        self._num_reused.pop(seq.seq_id, None)
         state = self.classes.get(seq.class_name)
         if seq in self.running:
             self.running.remove(seq)
@@ -265,6 +270,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         that fits; only when not one token fits is it preempted (two prompts that each fit the pool
         alone would otherwise preempt each other forever)."""
         bm, rank = self.block_manager, self._rank(seq)
+        victims = 0
         while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
             keep = {c.seq_id for c in plan.chunks if self._rank(self.seqs[c.seq_id]) <= rank} - {seq.seq_id}
             victim = self._victim(exclude=keep, max_rank=None)
@@ -274,10 +280,12 @@ class ClassScheduler(MinShareMixin, StepScheduler):
                 if 1 <= fit < n:
                     n = fit
                     continue
+                self.num_futile_preemptions += victims
                 if victim is seq:
                     self._preempt(seq, plan)
                 return 0
             self._preempt(victim, plan)
+            victims += 1
         bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
         return n
 
@@ -326,6 +334,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
                    plan: StepPlan, for_share: bool) -> None:
         state.queue.take(item, now)
         seq.num_computed_tokens = self.block_manager.admit(seq, n)  # starts after its cached prefix
+        self._num_reused[seq.seq_id] = seq.num_computed_tokens
         # VTC charges the prompt at admission (as the paper does): the next pick in this very step
         # already sees it, so one user cannot fill a step while its counter stands still. A cached
         # prefix costs nothing to serve, so it is not charged.
@@ -385,6 +394,9 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         self.running.remove(seq)
         state = self.classes[seq.class_name]
         state.num_running -= 1
+        wasted = max(0, seq.num_computed_tokens - self._num_reused.pop(seq.seq_id, 0))
+        state.wasted_tokens += wasted
+        self.num_wasted_tokens += wasted
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
         seq.num_preemptions += 1
@@ -406,14 +418,17 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         a background class's share keeps its slot, never KV blocks a more important class needs. False
         when that is not enough (the request keeps its place)."""
         bm = self.block_manager
+        victims = 0
         while True:
             short_of_slots = len(self.running) >= self.max_num_seqs
             if not short_of_slots and bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
                 return True
             victim = self._victim(exclude=self._protected if short_of_slots else set(), max_rank=rank)
             if victim is None:
+                self.num_futile_preemptions += victims
                 return False
             self._preempt(victim, plan)
+            victims += 1
 
     # ---- results ---------------------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
@@ -441,6 +456,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
     def class_stats(self) -> dict[str, dict[str, object]]:
         with self.lock:
             return {name: {"queued": len(s.queue), "running": s.num_running, "served_tokens": s.served_tokens,
+                           "wasted_tokens": s.wasted_tokens,
                            "depth_by_level": s.queue.depth_by_level(), "fairness": s.vtc.snapshot()}
                     for name, s in self.classes.items()}
 

@@ -111,8 +111,9 @@ def compare(policy_path: Path, cost: CostModel, horizon_s: float = 120.0, seed: 
         r_alone = _run(policy, mapping, cost, alone, horizon_s, kv_blocks)
         figs = class_figures(r_mix)
         quiet_figs = class_figures(r_quiet)
-        bg_mix = sum(r_mix.processed_tokens.get(c, 0) for c in ("indexing", "summarize"))
-        bg_alone = sum(r_alone.processed_tokens.get(c, 0) for c in ("indexing", "summarize"))
+        # Service is what survives: tokens a preemption threw away (computed again later) are waste.
+        bg_mix = sum(r_mix.useful_tokens(c) for c in ("indexing", "summarize"))
+        bg_alone = sum(r_alone.useful_tokens(c) for c in ("indexing", "summarize"))
         v_mix, v_quiet = figs["voice"]["ttft_p99_s"], quiet_figs["voice"]["ttft_p99_s"]
         report[name] = {
             "voice_ttft_p99_ratio": (v_mix / v_quiet) if v_mix and v_quiet else None,
@@ -120,6 +121,8 @@ def compare(policy_path: Path, cost: CostModel, horizon_s: float = 120.0, seed: 
             "jain_chat": jain_chat(r_mix),
             "classes": figs,
             "preemptions": r_mix.num_preemptions,
+            "futile_preemptions": r_mix.num_futile_preemptions,
+            "wasted_tokens": sum(r_mix.wasted_tokens.values()),
         }
     out = dict(report["ours"])
     out["profile"] = cost.name

@@ -51,6 +51,12 @@ class SimResult:
     num_preemptions: int = 0
     busy_s: dict[str, float] = field(default_factory=dict)  # class -> device seconds (steps split by tokens)
     in_flight: set[str] = field(default_factory=set)  # request ids still queued or running at the horizon
+    num_futile_preemptions: int = 0  # preemptions that did not make the room they were made for
+    wasted_tokens: dict[str, int] = field(default_factory=dict)  # class -> computed, then thrown away
+
+    def useful_tokens(self, class_name: str) -> int:
+        """Tokens of a class the device processed that survive: preempted work computed again is waste."""
+        return self.processed_tokens.get(class_name, 0) - self.wasted_tokens.get(class_name, 0)
 
     @property
     def lost(self) -> list[RequestRecord]:
@@ -89,6 +95,11 @@ class Simulator:
         cls, level, user = self.mapping(req)
         try:
             if req.kind == "llm":
+                bm = self.block_manager
+                if bm.blocks_needed(req.prompt_tokens + req.max_tokens) > bm.num_blocks:
+                    rec.rejected = "exceeds_kv_cache"  # the engine refuses it before it is queued (400)
+                    self._done(rec)
+                    return
                 params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
                 seq = Sequence(next(self._ids), rid, [FAKE_TOKEN] * req.prompt_tokens, params,
                                class_name=cls, user=user, priority_level=level)
@@ -138,8 +149,10 @@ class Simulator:
             self.clock.set(min([*wake, horizon_s]))
         in_flight = {seq.request_id for seq in self.scheduler.seqs.values()}
         in_flight |= {item.payload[0] for q in self.batcher.embed_queues.values() for item in q}
+        wasted = {name: c.wasted_tokens for name, c in self.scheduler.classes.items() if c.wasted_tokens}
         return SimResult(list(self.records.values()), horizon_s, dict(self.processed), self._steps,
-                         self._batches, self.scheduler.num_preemptions, dict(self.busy_s), in_flight)
+                         self._batches, self.scheduler.num_preemptions, dict(self.busy_s), in_flight,
+                         self.scheduler.num_futile_preemptions, wasted)
 
     # ---- the Device protocol (homeai.scheduling.device): a cost model instead of an accelerator ----
     def apply_inbox(self) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from homeai.policy.loader import load_policy
-from homeai.sim.acceptance import ACCEPTANCE_TRACES, acceptance
+from homeai.sim.acceptance import ACCEPTANCE_TRACES, SERVER_KV_BLOCKS, TRACE_KV_BLOCKS, acceptance, trace_key
 from homeai.sim.cost_model import PROFILES
 from homeai.sim.household import ours_mapping
 from homeai.sim.simulator import Simulator
@@ -25,14 +25,18 @@ def report() -> dict:
 
 
 def test_every_trace_reports_its_figures_and_loses_no_request(report: dict) -> None:
-    assert set(report["traces"]) == set(ACCEPTANCE_TRACES) and set(ACCEPTANCE_TRACES) <= set(TRACES)
+    assert set(report["traces"]) == {trace_key(name, blocks) for name in ACCEPTANCE_TRACES
+                                     for blocks in (TRACE_KV_BLOCKS, SERVER_KV_BLOCKS)}
+    assert set(ACCEPTANCE_TRACES) <= set(TRACES)
     assert report["lost_requests"] == 0
     for name, t in report["traces"].items():
         assert t["lost_requests"] == 0, name
         assert t["classes"]["voice"]["requests"] > 0, name
         assert t["voice_ttft_p99_ratio"] is not None and t["voice_itl_p99_over_target"] is not None, name
         assert t["background"], name  # every trace has background work with a min_share
+        assert t["futile_preemptions"] <= t["preemptions"] and t["wasted_tokens"] >= 0, name
     assert report["worst_voice_ttft_p99_ratio"] == max(t["voice_ttft_p99_ratio"] for t in report["traces"].values())
+    assert report["preemptions"] == sum(t["preemptions"] for t in report["traces"].values())
     json.loads(json.dumps(report))  # what --json prints
 
 
