@@ -47,6 +47,11 @@ def add_bench_commands(subparsers: Any) -> None:
     p = kinds.add_parser("prefix", help="prefix caching: warm vs cold TTFT of a long system prompt, a voice trace")
     add_prefix_arguments(p)
     p.set_defaults(func=run_prefix)
+    from homeai.bench.serve_bench import add_serve_arguments, run_serve
+
+    p = kinds.add_parser("serve", help="the acceptance bench over HTTP: `homeai serve` as a user runs it, or --url")
+    add_serve_arguments(p)
+    p.set_defaults(func=run_serve)
     p = kinds.add_parser("soak", help="every class at once against a real server, then what leaked")
     p.add_argument("--minutes", type=float, default=10.0, help="how long the load runs (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
