@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from homeai.engine.health import FAILING_AFTER, EngineHealth
 from homeai.policy.schema import Policy
 from homeai.scheduling.batcher import Batcher, EmbedWork
 from homeai.scheduling.clock import Clock
@@ -43,6 +44,7 @@ class DeviceLoop:
         self.wake = llm.wake if llm is not None else threading.Event()
         if embed is not None:
             embed.wake = self.wake
+        self.health = EngineHealth()  # failures outside any step or batch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.num_iterations = 0
@@ -88,15 +90,21 @@ class DeviceLoop:
             self.wake.clear()  # before looking for work, so a wake-up set after this is never lost
             try:
                 did_work = self.run_once()
-            except Exception as exc:  # one bad batch must never kill the loop
-                log.exception("device loop iteration failed")
-                if self.llm is not None:
-                    self.llm.on_step_error = exc
-                    self.llm.fail_all(f"engine error: {exc}")
+                self.health.succeeded()
+            except Exception as exc:  # noqa: BLE001 - outside any step (a step contains its own failures)
                 did_work = False
+                self._loop_failed(exc)
             self._publish(force=not did_work)
             if not did_work:
-                self._idle_wait()
+                self._idle_wait()  # after a failure too: the loop never spins on one
+
+    def _loop_failed(self, exc: Exception) -> None:
+        """A failure no step or batch claims (planning, the inbox): logged and counted; only when it
+        repeats with no success between are the LLM's requests ended, so none waits on a broken loop."""
+        self.health.failed("loop", exc)
+        log.error("device loop iteration failed (%d in a row)", self.health.consecutive_failures, exc_info=exc)
+        if self.health.consecutive_failures >= FAILING_AFTER and self.llm is not None:
+            self.llm.fail_all(f"engine error: {type(exc).__name__}: {exc}")
 
     def run_once(self) -> bool:
         """Run one piece of work; False when there was nothing ready."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -17,11 +18,18 @@ from typing import Any
 
 import numpy as np
 
+from homeai.engine.health import EngineHealth
 from homeai.engine.llm_engine import RequestError
 from homeai.policy.schema import Policy
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher, EmbedWork
 from homeai.scheduling.class_queue import QueuedItem
+
+log = logging.getLogger(__name__)
+
+
+class EmbedBatchError(RuntimeError):
+    """The batch holding this input failed on the device (HTTP 500 naming the cause)."""
 
 
 class QueueTimeoutError(Exception):
@@ -46,6 +54,7 @@ class EmbedService:
         self.batcher = batcher
         self.embedders = embedders
         self.wake: Any = None  # set by the device loop
+        self.health = EngineHealth()  # failures of embedding batches (/readyz, /metrics)
         self._ids = itertools.count()
         self._inbox: list[tuple[str, str, list[QueuedItem]]] = []  # (push | cancel, class, items)
         self._inbox_lock = threading.Lock()
@@ -123,16 +132,21 @@ class EmbedService:
                 self._deliver([(items[0].payload, exc), *((it.payload, _CANCEL) for it in items[1:])])
 
     def run(self, work: EmbedWork) -> None:
-        """Device thread: embed one batch and hand each vector to its waiting request."""
+        """Device thread: embed one batch and hand each vector to its waiting request. A failure fails
+        this batch's requests only (each future gets the error; nothing else is touched)."""
         items = [it for it in work.items if not it.payload.future.done()]
         if not items:
             return
-        embedder = self.model_for(work.class_name, self.batcher.policy)
         try:
+            embedder = self.model_for(work.class_name, self.batcher.policy)
             vectors = embedder.embed(token_ids=[it.payload.token_ids for it in items]).numpy()
-        except Exception as exc:
-            self._deliver([(it.payload, exc) for it in items])
-            raise
+        except Exception as exc:  # noqa: BLE001 - contained to this batch
+            self.health.failed("embed_batch", exc)
+            log.error("embedding batch of %d inputs (class %s) failed", len(items), work.class_name, exc_info=exc)
+            self._deliver([(it.payload, EmbedBatchError(f"embedding failed: {type(exc).__name__}: {exc}"))
+                           for it in items])
+            return
+        self.health.succeeded()
         self._deliver([(it.payload, vec) for it, vec in zip(items, vectors, strict=True)])
 
     def fail_expired(self) -> None:

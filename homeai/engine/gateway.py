@@ -47,7 +47,7 @@ class GatewayConfig:
     kv_cache_mb: int = 256
     max_model_len: int | None = None
     pull_missing: bool = True
-    compile_decode: str = "off"  # see EngineConfig.compile_decode
+    compile_decode: str = "auto"  # see EngineConfig.compile_decode
 
 
 @dataclass(slots=True)
@@ -221,7 +221,9 @@ class Gateway:
                                    "last_batch_seqs": engine.stats.last_batch_seqs,
                                    "prefix_cached_blocks": bm.num_cached_blocks,
                                    "prefix_evictions": bm.stats.num_evictions,
-                                   "compiled_decode_steps": engine.runner.compiled_steps}
+                                   "compiled_decode_steps": engine.runner.compiled_steps,
+                                   "weights": engine.weights.quantization, "weights_reason": engine.weights.reason,
+                                   "dtype": str(engine.runner.model.dtype).removeprefix("torch.")}
             if engine.runner.compiled is not None:
                 out["device"][name]["compiled_decode"] = engine.runner.compiled.snapshot()
             out.setdefault("prefix_cache", {}).update(bm.stats.snapshot())  # hit counters by class
@@ -230,4 +232,19 @@ class Gateway:
         if self.batcher is not None:
             for name, q in self.batcher.embed_queues.items():
                 out["classes"][name] = {"queued": len(q), "running": 0, "depth_by_level": q.depth_by_level()}
+        out["engine_health"] = self.engine_health()
         return out
+
+    def engine_health(self) -> dict[str, Any]:
+        """Failures of LLM steps, embedding batches and the loop itself, merged (any thread may ask: it
+        reads counters the device thread writes). ``failing``: the engine keeps failing (/readyz 503)."""
+        parts = [*((name, e.health) for name, e in self.llms.items())]
+        if self.embed_service is not None:
+            parts.append(("embedding", self.embed_service.health))
+        if self.loop is not None:
+            parts.append(("loop", self.loop.health))
+        errors = [{"source": source, **err} for source, health in parts for err in health.error_list()]
+        failing = [h for _, h in parts if h.failing]
+        last = max((h for _, h in parts if h.last_error_s is not None), key=lambda h: h.last_error_s or 0.0,
+                   default=None)
+        return {"failing": bool(failing), "last_error": last.last_error if last else None, "errors": errors}

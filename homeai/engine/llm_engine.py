@@ -22,11 +22,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from homeai.core.sequence import Sequence, SequenceStatus
-from homeai.core.types import Constraint, FinishReason, SamplingParams, StepOutput, TokenDelta, TokenLogprob
+from homeai.core.types import (
+    Constraint,
+    FinishReason,
+    SamplingParams,
+    StepOutput,
+    StepPlan,
+    TokenDelta,
+    TokenLogprob,
+)
 from homeai.engine.detokenizer import IncrementalDetokenizer
+from homeai.engine.health import EngineHealth
 from homeai.engine.model_runner import ModelRunner
 from homeai.engine.streams import StreamRegistry
 from homeai.runtime.grammar import GrammarError
+from homeai.runtime.weights_format import WeightsFormat
 from homeai.scheduling.interface import StepScheduler
 
 log = logging.getLogger(__name__)
@@ -64,7 +74,8 @@ class LLMEngine:
         self._inbox_lock = threading.Lock()
         self.wake = threading.Event()  # set when work arrives; the device loop waits on it
         self._loop_thread: Any = None
-        self.on_step_error: Exception | None = None
+        self.health = EngineHealth()  # failures of this model's steps (/readyz, /metrics)
+        self.weights = WeightsFormat("none", "not reported")  # what the builder loaded, and why
 
     # ---- lifecycle (standalone use: CLI chat, benchmarks; the server's DeviceLoop drives it too) --
     def start(self) -> None:
@@ -183,15 +194,26 @@ class LLMEngine:
                 self._fail_all(item)
 
     def step(self) -> list[TokenDelta]:
-        """One iteration: plan, execute, apply, publish. Public so tests can drive it synchronously."""
+        """One iteration: plan, execute, apply, publish. Public so tests can drive it synchronously.
+
+        A step that raises fails only itself: each of its sequences is run again alone, and those that
+        fail alone too (their second failure) end with the error; the others go on as if nothing happened.
+        """
         plan = self.scheduler.schedule()
-        output = self.runner.execute(plan, self.scheduler.seqs)
+        failed: list[tuple[Sequence, Exception]] = []
+        try:
+            output = self.runner.execute(plan, self.scheduler.seqs)
+            self.health.succeeded()
+        except Exception as exc:  # noqa: BLE001 - any failure of a step is contained to that step
+            self.health.failed("llm_step", exc)
+            log.error("LLM step of %d sequences failed; running each alone", len(plan.chunks), exc_info=exc)
+            plan, output, failed = self._run_each_alone(plan)
         touched = self.scheduler.update(plan, output)
         touched += self._rejected()
         st = self.stats
         st.num_preemptions += len(plan.preempted)
         st.last_batch_tokens = plan.num_tokens
-        st.last_batch_seqs = len(plan.chunks)
+        st.last_batch_seqs = len(plan.chunks) + len(failed)
         if not plan.is_empty:
             st.num_steps += 1
             st.num_tokens_generated += len(output.sampled)
@@ -199,15 +221,49 @@ class LLMEngine:
         for seq in touched:
             if seq.status.is_finished:
                 self.runner.release(seq.seq_id)
+        deltas += [self._end_with_error(seq, f"engine error: {type(exc).__name__}: {exc}") for seq, exc in failed]
         if deltas:
             self.streams.publish(deltas)
         return deltas
+
+    def _run_each_alone(self, plan: StepPlan) -> tuple[StepPlan, StepOutput, list[tuple[Sequence, Exception]]]:
+        """After a failed step: run each chunk as a step of its own. Returns the chunks that ran (as one plan),
+        their merged output, and the sequences whose chunk failed again with the exception."""
+        kept, merged = StepPlan(preempted=plan.preempted), StepOutput()
+        failed: list[tuple[Sequence, Exception]] = []
+        for chunk in plan.chunks:
+            seq = self.scheduler.seqs.get(chunk.seq_id)
+            if seq is None:
+                continue
+            try:
+                out = self.runner.execute(StepPlan(chunks=[chunk]), self.scheduler.seqs)
+            except Exception as exc:  # noqa: BLE001 - the second failure of this sequence: it ends
+                self.health.failed("llm_step", exc)
+                log.error("request %s failed twice in a step; ending it", seq.request_id, exc_info=exc)
+                failed.append((seq, exc))
+                continue
+            kept.chunks.append(chunk)
+            merged.sampled.update(out.sampled)
+            merged.logprobs.update(out.logprobs)
+            merged.top_logprobs.update(out.top_logprobs)
+        return kept, merged, failed
+
+    def _end_with_error(self, seq: Sequence, message: str) -> TokenDelta:
+        """Abort ``seq`` (its KV blocks go back) and return its final delta carrying ``message``."""
+        self.scheduler.abort(seq.request_id)
+        self.runner.release(seq.seq_id)
+        seq.error = message
+        delta = self._delta(seq)
+        delta.error = message
+        delta.finish_reason = FinishReason.ABORT
+        return delta
 
     def _rejected(self) -> list[Sequence]:
         return self.scheduler.drain_rejected()
 
     def fail_all(self, message: str) -> None:
-        """Abort every sequence with an error (after a failed step), keeping the loop alive."""
+        """End every sequence with an error (the device loop's last resort when it keeps failing outside
+        any step, so that no request waits on a loop that cannot serve it)."""
         self._fail_all(message)
 
     def _delta(self, seq: Sequence, output: StepOutput | None = None) -> TokenDelta:
@@ -223,14 +279,7 @@ class LLMEngine:
         return delta
 
     def _fail_all(self, message: str) -> None:
-        deltas = []
-        for seq in list(self.scheduler.seqs.values()):
-            self.scheduler.abort(seq.request_id)
-            self.runner.release(seq.seq_id)
-            delta = self._delta(seq)
-            delta.error = message
-            delta.finish_reason = FinishReason.ABORT
-            deltas.append(delta)
+        deltas = [self._end_with_error(seq, message) for seq in list(self.scheduler.seqs.values())]
         self.streams.publish(deltas)
 
     def is_idle(self) -> bool:

@@ -27,6 +27,7 @@ class BatchInputs:
     meta: AttentionMetadata
     logits_idx: torch.Tensor
     sample_seqs: list[Sequence]
+    compiled_ok: bool = False  # every row a sampling decode: the compiled bucket may serve it
 
 
 class ModelRunner:
@@ -102,6 +103,7 @@ class ModelRunner:
             meta.decode_mask = (torch.arange(max_len) < lens.unsqueeze(1)).view(len(decode_rows), 1, 1, -1).to(dev)
             meta.decode_lens = lens.to(dev)
             meta.all_decode = len(decode_rows) == len(ids)
+
         for token_start, start, n, table in prefill_specs:
             if start == 0:
                 meta.prefills.append(PrefillChunk(token_start, n, None, None))
@@ -119,6 +121,9 @@ class ModelRunner:
             meta=meta,
             logits_idx=torch.tensor(logits_idx, dtype=torch.long).to(dev),
             sample_seqs=sample_seqs,
+            # The compiled path returns one logits row per decode row: it serves a step only when every
+            # row samples (a 1-token chunk in mid-prompt is a decode for attention, but samples nothing).
+            compiled_ok=meta.all_decode and len(sample_seqs) == len(decode_rows),
         )
 
     def _token_mask(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
@@ -137,7 +142,7 @@ class ModelRunner:
         meta = batch.meta
         compiled = self.compiled
         bucket = None
-        if compiled is not None and meta.all_decode and meta.decode_slots is not None and meta.decode_lens is not None:
+        if compiled is not None and batch.compiled_ok and meta.decode_lens is not None:
             bucket = compiled.bucket_for(batch.input_ids.shape[0])
         if bucket is None:
             return self.model(batch.input_ids, batch.positions, meta, self.cache, batch.logits_idx), None

@@ -91,4 +91,13 @@ class SnapshotCollector(Collector):
             batch_tokens.add_metric([model], float(d.get("last_batch_tokens", 0)))
             batch_seqs.add_metric([model], float(d.get("last_batch_seqs", 0)))
         yield from (kv, steps, preempt, batch_tokens, batch_seqs)
+        errors = CounterMetricFamily("homeai_engine_errors", "Failed LLM steps, embedding batches and loop "
+                                     "iterations, by source (model, embedding, loop), part and exception type",
+                                     labels=["source", "part", "cause"])
+        health = snap.get("engine_health") or {}
+        for err in health.get("errors") or []:
+            errors.add_metric([str(err["source"]), str(err["part"]), str(err["cause"])], float(err["count"]))
+        yield errors
+        yield GaugeMetricFamily("homeai_engine_failing", "1 while the engine keeps failing (readiness is down)",
+                                value=1.0 if health.get("failing") else 0.0)
         yield from prefix_families(snap)

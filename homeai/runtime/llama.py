@@ -196,6 +196,8 @@ class LlamaModel(torch.nn.Module):
             attn = self._attention(li, q, kv, meta, cache)
             x = x + layer.o(attn.reshape(num_tokens, q_size))
             x = self.mlp_residual(layer, x)
+        if logits_idx.numel() == 0:  # only mid-prompt chunks: no row samples, so no logits to compute
+            return x.new_empty((0, cfg.vocab_size), dtype=torch.float32)
         x = F.rms_norm(x[logits_idx], (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)
         return self.lm_head(x).float()
 

@@ -140,7 +140,7 @@ class Int8Linear(Linear):
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
-        return out.reshape(*shape[:-1], -1)
+        return out.reshape(*shape[:-1], self.q.shape[0])  # not -1: an input of 0 rows stays [0, N]
 
     def _weight_bf16(self) -> torch.Tensor:
         """q as bfloat16 (exact) for a prompt-sized matmul: written by the native kernel into a buffer
