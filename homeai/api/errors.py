@@ -16,7 +16,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from homeai.engine.embed_service import QueueTimeoutError
+from homeai.engine.embed_service import EmbedBatchError, QueueTimeoutError
 from homeai.engine.gateway import UnknownModelError
 from homeai.engine.llm_engine import RequestError
 from homeai.scheduling.class_queue import QueueFullError
@@ -83,6 +83,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return TooManyRequests(str(exc), code="queue_full", headers=retry_after(exc.retry_after_s))
     if isinstance(exc, QueueTimeoutError):
         return ServiceUnavailable(str(exc), code="queue_timeout", headers=retry_after(1))
+    if isinstance(exc, EmbedBatchError):  # the batch failed on the device: say why, not just its type
+        return ApiError(str(exc), status_code=500, code="engine_error")
     if isinstance(exc, UnknownModelError):
         return NotFound(str(exc.args[0] if exc.args else exc), param="model", code="model_not_found")
     if isinstance(exc, (RequestError, UnknownClassError)):

@@ -133,6 +133,9 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
         return Response({"status": "draining"}, status_code=503, headers={"Retry-After": str(drain.retry_after_s())})
     if not gateway_started(gateway):
         return Response({"status": "starting"}, status_code=503)
+    health = gateway.engine_health() if hasattr(gateway, "engine_health") else {}
+    if health.get("failing"):  # steps keep failing: a supervisor should notice (and may restart us)
+        return Response({"status": "failing", "reason": health.get("last_error")}, status_code=503)
     store = state.get("store")
     store_state = "absent" if store is None else ("ok" if await store.ping() else "unavailable")
     writer = state.get("request_log")  # the request-log writer: unhealthy while its writes fail
