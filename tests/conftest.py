@@ -11,6 +11,9 @@ import os
 # pytest and the servers it starts share two cores: OpenMP threads sleep at once instead of the short spin
 # the product uses (see homeai/__init__.py); set before anything imports torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Servers the tests start serve eager steps: compiling every bucket in the background takes minutes of these
+# two cores. The compiled path has tests of its own (test_compiled_decode.py, test_step_shapes.py).
+os.environ.setdefault("HOMEAI_COMPILE_DECODE", "off")
 from pathlib import Path
 
 import pytest

@@ -70,14 +70,16 @@ def model_details(gateway: Gateway, name: str | None) -> dict[str, Any]:
 
 
 def _quantization_level(gateway: Gateway, entry: ModelEntry) -> str:
-    """What the weights are served as: int8, the entry's dtype, or for "auto" the dtype the engine loaded."""
-    if entry.quantization == "int8":
+    """What the weights are served as: the loaded engine's format (int8, int4 or its dtype), else the
+    entry's."""
+    engine = gateway.llms.get(entry.name)
+    quantization = engine.weights.quantization if engine is not None else entry.quantization
+    if quantization == "int8":
         return "Q8_0"
-    if entry.quantization == "int4":
+    if quantization == "int4":
         return "Q4_1"
     dtype = entry.dtype
     if dtype == "auto":
-        engine = gateway.llms.get(entry.name)
         dtype = str(engine.runner.model.dtype).removeprefix("torch.") if engine is not None else "float32"
     return _QUANT.get(dtype, dtype.upper())
 

@@ -200,7 +200,8 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     max_c = max(*cfg.concurrency, 16)  # 16: the constrained-decoding streams (constrained_bench)
     kv_tokens = max_c * (cfg.prompt_tokens[1] + max(cfg.uniform_tokens, cfg.mixed_max_tokens) + 32)
     kv_mb = math.ceil(kv_tokens * 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 4 / 2**20)
-    engine = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", kv_cache_mb=kv_mb,
+    engine = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", quantization="none",
+                                                   kv_cache_mb=kv_mb,
                                                    max_num_seqs=max_c, max_model_len=2048,
                                                    compile_decode="on" if cfg.compile_decode else "off",
                                                    cache_dir=default_cache_dir()))

@@ -19,7 +19,7 @@ def add_repository_commands(subparsers: Any) -> None:
                              "Hugging Face folder, ollama:NAME[:TAG], hf:REPO[@REVISION]")
     pull_parser.add_argument("--force", action="store_true", help="pull again even if already present")
     pull_parser.add_argument("--as", dest="as_name", help="with a source: the new entry's name")
-    pull_parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none",
+    pull_parser.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
                              help="with a source: the new entry's weight format")
     pull_parser.set_defaults(func=cmd_pull)
 
@@ -34,7 +34,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     started_s = time.perf_counter()
     try:
         if is_source_spec(args.name):
-            entry = entry_for(args.name, getattr(args, "as_name", None), getattr(args, "quantization", "none"))
+            entry = entry_for(args.name, getattr(args, "as_name", None), getattr(args, "quantization", "auto"))
             print(f"{entry.name}: entry written to {write_entry(entry)}")
         else:
             entry = get_entry(args.name)
@@ -53,13 +53,23 @@ def cmd_models(args: argparse.Namespace) -> int:
     except EntryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    from homeai.runtime.device import choose_device
+    from homeai.runtime.weights_format import choose_weights_format
+
     cache_dir = default_cache_dir()
-    header = ("NAME", "KIND", "CONTEXT", "DTYPE", "PRESENT", "PATH")
+    device = choose_device(None)
+    header = ("NAME", "KIND", "CONTEXT", "DTYPE", "WEIGHTS", "PRESENT", "PATH")
     rows = [header]
     for entry in entries.values():
         context = f"{entry.served_len}/{entry.context_length}"
-        present = "yes" if entry.is_present(cache_dir) else "no"
-        rows.append((entry.name, entry.kind, context, entry.dtype, present, str(entry.local_path(cache_dir))))
+        present = entry.is_present(cache_dir)
+        weights = "-"
+        if entry.kind == "llm":  # what a server started now would serve, and why (see weights_format)
+            fmt = choose_weights_format(entry.quantization, entry.local_path(cache_dir), device) if present \
+                else None
+            weights = f"{fmt.quantization} ({fmt.reason})" if fmt is not None else entry.quantization
+        rows.append((entry.name, entry.kind, context, entry.dtype, weights, "yes" if present else "no",
+                     str(entry.local_path(cache_dir))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         print(

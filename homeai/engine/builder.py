@@ -18,6 +18,7 @@ from homeai.runtime.device import choose_device, in_passing_thread, parse_dtype
 from homeai.runtime.grammar import GrammarCache
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
+from homeai.runtime.weights_format import choose_weights_format
 from homeai.scheduling.fcfs import FCFSScheduler
 from homeai.scheduling.interface import StepScheduler
 
@@ -28,14 +29,16 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     device: str | None = None
     dtype: str | None = None
-    quantization: str = "none"  # "int8" per-channel, "int4" groups of 32 (CPU): homeai.runtime.quant
+    # "auto" (the fastest lossless format: homeai.runtime.weights_format), "none", "int8" per-channel,
+    # "int4" groups of 32 (CPU): homeai.runtime.quant
+    quantization: str = "auto"
     kv_cache_mb: int = 256
     enable_prefix_caching: bool = True  # keep finished prompts' KV blocks for reuse (see BlockManager)
     block_size: int = 16
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
-    compile_decode: str = "off"  # "auto" | "on" | "off": decode steps through torch.compile (runtime/decode_graph)
+    compile_decode: str = "auto"  # "auto" | "on" | "off": decode steps through torch.compile (runtime/decode_graph)
     cache_dir: Path | None = None  # where Inductor keeps compiled code between starts
 
 
@@ -62,7 +65,8 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
     t0 = time.perf_counter()
     device = choose_device(cfg.device)
     dtype = parse_dtype(cfg.dtype, device)
-    model = LlamaModel.from_folder(folder, device, dtype, cfg.quantization)
+    weights = choose_weights_format(cfg.quantization, folder, device)
+    model = LlamaModel.from_folder(folder, device, dtype, weights.quantization)
     mc = model.cfg
     per_block = KVCache.bytes_per_block(mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype)
     num_blocks = max(1, cfg.kv_cache_mb * 2**20 // per_block)
@@ -80,8 +84,9 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
         runner.compiled = CompiledDecode(model, cache, max_len, cfg.max_num_seqs, cfg.cache_dir)
         runner.compiled.start()  # in the background: decode steps run eager until their bucket is ready
     engine = LLMEngine(runner, scheduler, tokenizer, stop_ids, max_len)
-    log.info("LLM %s ready on %s/%s (weights %s) in %.2fs: %d KV blocks of %d tokens", folder.name, device,
-             dtype, cfg.quantization, time.perf_counter() - t0, num_blocks, cfg.block_size)
+    engine.weights = weights
+    log.info("LLM %s ready on %s/%s (weights %s: %s) in %.2fs: %d KV blocks of %d tokens", folder.name, device,
+             dtype, weights.quantization, weights.reason, time.perf_counter() - t0, num_blocks, cfg.block_size)
     return engine
 
 

@@ -117,13 +117,14 @@ class ModelEntry(_Strict):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     # Weight-only quantization of an LLM's linear layers (homeai.runtime.quant): "int8" reads a quarter of
     # the float32 bytes per decode step, "int4" (CPU) about a sixth, in Q4_1's groups of 32 (lossless for a
-    # Q4_1 GGUF); norms and the KV cache stay in `dtype`.
-    quantization: Literal["none", "int8", "int4"] = "none"
+    # Q4_1 GGUF); norms and the KV cache stay in `dtype`. "auto": the fastest lossless format for the
+    # source and device (homeai.runtime.weights_format): int4 for a Q4_0/Q4_1 GGUF on the CPU, else none.
+    quantization: Literal["auto", "none", "int8", "int4"] = "auto"
     description: str = ""
 
     @model_validator(mode="after")
     def _check_lengths(self) -> ModelEntry:
-        if self.quantization != "none" and self.kind != "llm":
+        if self.quantization not in ("auto", "none") and self.kind != "llm":
             raise ValueError(f"quantization {self.quantization!r} applies to llm entries only")
         if self.max_model_len is not None and self.max_model_len > self.context_length:
             raise ValueError(

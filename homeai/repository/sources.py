@@ -60,7 +60,7 @@ def _hf_context(folder: Path) -> int:
         raise PullError(f"{folder}: not a supported Hugging Face model folder: {exc}") from exc
 
 
-def entry_for(spec: str, name: str | None = None, quantization: str = "none") -> ModelEntry:
+def entry_for(spec: str, name: str | None = None, quantization: str = "auto") -> ModelEntry:
     """The entry that ``spec`` describes (files are hashed now; nothing is written)."""
     source: dict[str, Any]
     if spec.startswith("ollama:"):

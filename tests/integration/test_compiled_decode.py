@@ -22,6 +22,7 @@ from homeai.core.sequence import Sequence
 from homeai.core.types import SamplingParams
 from homeai.engine.builder import load_tokenizer
 from homeai.engine.model_runner import ModelRunner
+from homeai.runtime import decode_graph
 from homeai.runtime.decode_graph import CompiledDecode, should_compile
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
@@ -129,7 +130,7 @@ def test_runner_greedy_outputs_identical_compiled_and_eager(model: LlamaModel, p
     assert outputs[0] == outputs[1]
 
 
-def test_bucket_choice_and_auto_rule(model: LlamaModel) -> None:
+def test_bucket_choice_and_auto_rule(model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
     _, runner = make_stack(model)
     compiled = CompiledDecode(model, runner.cache, max_model_len=256, max_batch=40)
     assert compiled.buckets == (1, 2, 4, 8, 16, 32, 64)  # 64 covers a batch of 40
@@ -137,6 +138,9 @@ def test_bucket_choice_and_auto_rule(model: LlamaModel) -> None:
     compiled._ready.add(4)
     assert compiled.bucket_for(3) == 4 and compiled.bucket_for(5) is None
     assert should_compile("on", torch.device("cpu")) and not should_compile("off", torch.device("cuda"))
-    assert should_compile("auto", torch.device("cuda"))
+    assert should_compile("auto", torch.device("cpu"))  # on by default wherever it can build (a C++ compiler)
+    with monkeypatch.context() as m:  # ...and where it cannot, steps stay eager instead of failing
+        m.setattr(decode_graph.shutil, "which", lambda _name: None)
+        assert not should_compile("auto", torch.device("cpu"))
     with pytest.raises(ValueError, match="compile_decode"):
         should_compile("yes", torch.device("cpu"))

@@ -192,8 +192,8 @@ def test_preempted_request_matches_an_unpreempted_run(model: LlamaModel, prompts
 
 @pytest.fixture(scope="module")
 def engine(folder: Path) -> Iterator[LLMEngine]:
-    eng = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", kv_cache_mb=48,
-                                                max_num_batched_tokens=128))
+    eng = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", quantization="none",
+                                                kv_cache_mb=48, max_num_batched_tokens=128))
     eng.start()
     yield eng
     eng.shutdown()

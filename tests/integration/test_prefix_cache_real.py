@@ -45,7 +45,8 @@ def logits_of(engine: LLMEngine, ids: list[int], max_tokens: int = 3) -> list[to
 def test_a_served_system_prompt_is_reused_with_the_logits_of_a_cold_run(pulled_models: dict[str, Path]) -> None:
     torch.set_num_threads(2)
     folder = pulled_models["smollm2-135m-instruct"]
-    config = EngineConfig(device="cpu", dtype="float32", kv_cache_mb=64, max_num_batched_tokens=128)
+    config = EngineConfig(device="cpu", dtype="float32", quantization="none", kv_cache_mb=64,
+                          max_num_batched_tokens=128)
     warm = build_llm_engine(folder, config)
     system = system_prompt(warm.tokenizer, 300)
     logits_of(warm, prompt_ids(warm.tokenizer, system, "turn on the kitchen light"))
@@ -53,8 +54,9 @@ def test_a_served_system_prompt_is_reused_with_the_logits_of_a_cold_run(pulled_m
     warm_rows = logits_of(warm, ids)
     stats = warm.scheduler.block_manager.stats.snapshot()["default"]
     assert stats["num_hit_requests"] == 1 and stats["num_hit_tokens"] >= 256
-    cold = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", kv_cache_mb=64,
-                                                 max_num_batched_tokens=128, enable_prefix_caching=False))
+    cold = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", quantization="none",
+                                                 kv_cache_mb=64, max_num_batched_tokens=128,
+                                                 enable_prefix_caching=False))
     cold_rows = logits_of(cold, ids)
     diff = max(float((w - c).abs().max()) for w, c in zip(warm_rows, cold_rows, strict=True))
     assert len(warm_rows) == len(cold_rows) == 3 and diff <= LOGITS_ATOL, diff

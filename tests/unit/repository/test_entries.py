@@ -61,7 +61,7 @@ def test_shipped_entries_are_valid() -> None:
 
 def test_valid_entry_and_paths(tmp_path: Path) -> None:
     entry = load_entry(write(tmp_path, valid_entry()))
-    assert entry.quantization == "none"
+    assert entry.quantization == "auto"  # the fastest lossless format (runtime.weights_format)
     assert load_entry(write(tmp_path, valid_entry(quantization="int8"))).quantization == "int8"
     assert load_entry(write(tmp_path, valid_entry(quantization="int4"))).quantization == "int4"
     assert entry.local_path(tmp_path / "c") == model_cache_dir(tmp_path / "c", "tiny")
