@@ -1,0 +1,160 @@
+"""Every weight format, eager and compiled, through every step shape the scheduler can plan.
+
+Hypothesis draws step plans (decode-only steps of 1 row, of a compiled bucket's size, padded into one,
+and above the largest bucket; mixed steps; prompt-only steps with and without a sampled row; a 1-token
+chunk in mid-prompt, as a prefix-cache hit or a nearly full KV pool leaves; prompts longer than any
+one step; requests of a single output token) and drives each through the real ModelRunner of every
+format, beside float32 eager on the same weights: the logits of every sampled row must match within the
+format's tolerance, and no step may raise. The model is a small random Llama of real head size (64, so the
+native decode-attention kernel serves it as it serves SmolLM2), loaded in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from homeai.core.block_manager import BlockManager
+from homeai.core.sequence import Sequence
+from homeai.core.types import SamplingParams, ScheduledChunk, StepPlan
+from homeai.engine.model_runner import ModelRunner
+from homeai.runtime.decode_graph import CompiledDecode
+from homeai.runtime.kv_cache import KVCache
+from homeai.runtime.llama import LlamaModel
+from homeai.runtime.llama_config import LlamaConfig
+
+VOCAB = 256
+BLOCK = 4
+NUM_BLOCKS = 160
+COMPILED_BUCKETS = (1, 4)  # a 1-row step, 2-3 rows padded into 4, 5+ rows above the largest: eager
+# Largest |logit difference| against float32 eager, as a share of the largest |logit| of the row set:
+# compiled float32 reorders float sums only; int8 rounds each weight to 1/254 of its row's range and int4
+# to 1/15 of its group's (random weights have no structure to spare, so these bound real models' error).
+TOLERANCE = {"none": 1e-4, "int8": 0.05, "int4": 0.25}
+
+
+def small_config() -> LlamaConfig:
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2,
+                       num_kv_heads=1, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True)
+
+
+def small_weights(cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.08
+
+    d, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    w = {"model.embed_tokens.weight": rand(cfg.vocab_size, cfg.hidden_size) * 10,
+         "model.norm.weight": torch.ones(cfg.hidden_size)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        w |= {p + "input_layernorm.weight": torch.ones(cfg.hidden_size),
+              p + "post_attention_layernorm.weight": torch.ones(cfg.hidden_size),
+              p + "self_attn.q_proj.weight": rand(d, cfg.hidden_size),
+              p + "self_attn.k_proj.weight": rand(kv, cfg.hidden_size),
+              p + "self_attn.v_proj.weight": rand(kv, cfg.hidden_size),
+              p + "self_attn.o_proj.weight": rand(cfg.hidden_size, d),
+              p + "mlp.gate_proj.weight": rand(cfg.intermediate_size, cfg.hidden_size),
+              p + "mlp.up_proj.weight": rand(cfg.intermediate_size, cfg.hidden_size),
+              p + "mlp.down_proj.weight": rand(cfg.hidden_size, cfg.intermediate_size)}
+    return w
+
+
+@dataclass
+class Stack:
+    """One format's model behind its own KV pool and the real runner."""
+
+    name: str
+    runner: ModelRunner
+    block_manager: BlockManager
+
+    @classmethod
+    def build(cls, quantization: str, compiled: bool, cache_dir: Path) -> Stack:
+        cfg = small_config()
+        model = LlamaModel(cfg, small_weights(cfg), torch.device("cpu"), torch.float32, quantization)
+        bm = BlockManager(NUM_BLOCKS, BLOCK)
+        cache = KVCache(cfg.num_layers, NUM_BLOCKS, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.device, model.dtype)
+        runner = ModelRunner(model, bm, cache)
+        if compiled:
+            runner.compiled = CompiledDecode(model, cache, max_model_len=256, max_batch=COMPILED_BUCKETS[-1],
+                                             cache_dir=cache_dir, buckets=COMPILED_BUCKETS)
+            for bucket in runner.compiled.buckets:
+                assert runner.compiled.compile_bucket(bucket), runner.compiled.failed
+        return cls(f"{quantization}{'-compiled' if compiled else ''}", runner, bm)
+
+    def logits(self, plan: StepPlan, seqs: dict[int, Sequence]) -> torch.Tensor:
+        """The sampled rows' logits of ``plan``, through the runner's own prepare and forward."""
+        for chunk in plan.chunks:
+            self.block_manager.allocate(chunk.seq_id, chunk.start + chunk.num_tokens)
+        logits, _ = self.runner._forward(self.runner.prepare(plan, seqs))
+        return logits
+
+    def forget(self, seqs: dict[int, Sequence]) -> None:
+        for seq_id in seqs:
+            self.block_manager.free(seq_id)
+
+
+VARIANTS = [(q, c) for q in ("none", "int8", "int4") for c in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def stacks(homeai_cache_dir: Path) -> dict[str, Stack]:
+    torch.manual_seed(0)
+    built = [Stack.build(q, c, homeai_cache_dir) for q, c in [("none", False), *VARIANTS[1:]]]
+    return {s.name: s for s in built}
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> list[tuple[list[int], int]]:
+    """1-9 requests: a prompt of 1-70 tokens (longer than most steps take at once) and 1-4 output tokens."""
+    n = draw(st.integers(1, 9))
+    return [(draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=70)), draw(st.integers(1, 4)))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize(("quantization", "compiled"), VARIANTS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(work=workloads(), data=st.data())
+def test_every_step_shape_matches_float32_eager(stacks: dict[str, Stack], quantization: str, compiled: bool,
+                                                work: list[tuple[list[int], int]], data: st.DataObject) -> None:
+    ref = stacks["none"]
+    under_test = stacks[f"{quantization}{'-compiled' if compiled else ''}"]
+    seqs = {i: Sequence(i, f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=out))
+            for i, (prompt, out) in enumerate(work)}
+    computed = dict.fromkeys(seqs, 0)
+    try:
+        while active := [i for i, s in seqs.items() if len(s.output_token_ids) < s.params.max_tokens]:
+            picked = data.draw(st.lists(st.sampled_from(active), min_size=1, unique=True), label="step")
+            plan = StepPlan()
+            for i in sorted(picked):
+                seq = seqs[i]
+                pending = seq.num_tokens - computed[i]
+                n = 1 if pending == 1 else data.draw(st.integers(1, pending), label=f"chunk of {i}")
+                plan.chunks.append(ScheduledChunk(i, computed[i], n, sample=computed[i] + n == seq.num_tokens))
+            want, got = ref.logits(plan, seqs), under_test.logits(plan, seqs)
+            sampled = [c for c in plan.chunks if c.sample]
+            assert got.shape == want.shape == (len(sampled), VOCAB)
+            if sampled:
+                scale = want.abs().max().item()
+                diff = (got - want).abs().max().item()
+                assert diff <= TOLERANCE[quantization] * scale, f"{under_test.name}: {diff:.4g} vs scale {scale:.3g}"
+            for chunk in plan.chunks:
+                computed[chunk.seq_id] += chunk.num_tokens
+            for chunk, token in zip(sampled, want.argmax(-1).tolist(), strict=True):  # both follow float32
+                seqs[chunk.seq_id].output_token_ids.append(token)
+    finally:
+        ref.forget(seqs)
+        under_test.forget(seqs)
+
+
+def test_the_compiled_variants_served_compiled_steps(stacks: dict[str, Stack]) -> None:
+    """Runs after the drawn plans (file order): each compiled variant took some of its steps compiled."""
+    for name, stack in stacks.items():
+        if name.endswith("-compiled"):
+            assert stack.runner.compiled_steps > 0, name
