@@ -12,7 +12,11 @@ ends within the latency targets of the active interactive classes (``step_budget
    at admission), within ``max_num_seqs``, the class's ``max_running`` and the KV pool. A waiting
    voice request is thus planned before a chat prompt's next chunk, which waits or gets what is left.
    A more important class takes sequence slots or KV blocks from the least important running class
-   by preemption (recompute later), except what holds a background class's share.
+   by preemption (recompute later), except what holds a background class's share: the victims are
+   chosen first and preempted only if together they make the room (a preemption that makes none
+   only throws computed tokens away). An admission asks KV for its whole prompt, below the most
+   important class with headroom left, and none is made this step for a class as or less important
+   than one refused KV or a slot: it would take what that one waits for, and be preempted for it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from homeai.scheduling.step_budget import MIN_STEP_TOKENS, ClassTargets, StepCos
 
 INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps steps sized by the targets
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
+NO_RANK = 10 * BACKGROUND_RANK  # after every class
+# Below the most important class an admission leaves this much of the KV pool free: room for the next
+# voice request and the running decodes' next blocks without preempting (and so recomputing) anyone.
+ADMISSION_HEADROOM = 0.05
 
 
 class UnknownClassError(KeyError):
@@ -75,6 +83,8 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         self.running: list[Sequence] = []
         self.rejected: list[Sequence] = []  # timed out in a queue (REJECT): the engine fails them
         self.num_preemptions = 0
+        self._top_rank = 0  # the most important class's rank
+        self._blocked_rank = NO_RANK  # this step: the most important class refused KV or a slot
         self.num_futile_preemptions = 0  # preemptions that did not make the room they were made for
         self.num_wasted_tokens = 0  # computed tokens thrown away by preemptions
         self._num_reused: dict[int, int] = {}  # seq id -> prompt tokens its admission found cached
@@ -100,6 +110,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
                     state.policy = cp
                     state.queue.set_policy(cp)
                     state.vtc.apply_policy(policy, name)
+            self._top_rank = min((s.rank for s in self.classes.values()), default=0)
 
     # ---- requests --------------------------------------------------------------------------------
     @property
@@ -205,6 +216,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
             self._budget = self.step_token_budget()
             self._share_used: dict[str, int] = {}
             plan = StepPlan()
+            self._blocked_rank = NO_RANK
             self._shed_over_limits(plan)  # 0. lowered caps hold from this step
             self._protected = self._share_protected()
             self._schedule_decodes(plan)  # 1. every running decode: tokens are due, and cheap
@@ -233,7 +245,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
 
     def _rank(self, seq: Sequence) -> int:
         state = self.classes.get(seq.class_name)
-        return state.rank if state is not None else BACKGROUND_RANK * 2
+        return state.rank if state is not None else NO_RANK
 
     def interactive_active(self, now: float) -> bool:
         """Interactive work runs, or arrived recently enough that more is likely."""
@@ -264,29 +276,38 @@ class ClassScheduler(MinShareMixin, StepScheduler):
 
     def _grow(self, seq: Sequence, n: int, plan: StepPlan) -> int:
         """KV for up to ``n`` tokens of a running sequence beyond those computed; returns how many it
-        got. While the pool is short, the least important running sequence gives way (one planned this
-        step only if it is less important than ``seq``: its chunk is dropped; a background share keeps
-        its slots, not its blocks). When ``seq`` itself is the one to give way, it first takes the chunk
-        that fits; only when not one token fits is it preempted (two prompts that each fit the pool
-        alone would otherwise preempt each other forever)."""
+        got. While the pool is short, less important running sequences give way (one planned this step
+        only if its class is less important than ``seq``'s: its chunk is dropped; a background share
+        keeps its slots, not its blocks) — only as many as it takes, and only when that makes room:
+        where even all of them cannot cover ``n`` tokens, ``seq`` gets what they and the free pool can.
+        A sequence with nothing below it waits (its KV kept) rather than give way itself: whoever is more
+        important takes its blocks when they need them, so nothing is thrown away for nobody."""
         bm, rank = self.block_manager, self._rank(seq)
-        victims = 0
-        while not bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-            keep = {c.seq_id for c in plan.chunks if self._rank(self.seqs[c.seq_id]) <= rank} - {seq.seq_id}
-            victim = self._victim(exclude=keep, max_rank=None)
-            if victim is None or victim is seq:
-                fit = (len(bm.block_table(seq.seq_id)) + bm.num_free_blocks) * bm.block_size \
-                    - seq.num_computed_tokens
-                if 1 <= fit < n:
-                    n = fit
-                    continue
-                self.num_futile_preemptions += victims
-                if victim is seq:
-                    self._preempt(seq, plan)
+        tokens = seq.num_computed_tokens + n
+        if bm.can_allocate(seq.seq_id, tokens):
+            bm.allocate(seq.seq_id, tokens)
+            return n
+        keep = {c.seq_id for c in plan.chunks if self._rank(self.seqs[c.seq_id]) <= rank}
+        order = self._victim_order(exclude=keep | {seq.seq_id})
+        below = order[:next((i for i, s in enumerate(order) if self._more_important(s, seq)), len(order))]
+        victims = self._plan_victims(below, self._blocks_short(seq, tokens), need_slot=False)
+        if victims is None:  # not enough below it: as many tokens as it and the free pool can hold
+            held = (len(bm.block_table(seq.seq_id)) + bm.num_free_blocks + self._blocks_freed(below)) \
+                * bm.block_size
+            n = min(n, held - seq.num_computed_tokens)
+            if n < 1:
+                self._note_blocked(rank)
                 return 0
+            tokens = seq.num_computed_tokens + n
+            victims = self._plan_victims(below, self._blocks_short(seq, tokens), need_slot=False)
+            self._note_blocked(rank)
+        for victim in victims or []:
             self._preempt(victim, plan)
-            victims += 1
-        bm.allocate(seq.seq_id, seq.num_computed_tokens + n)
+        if not bm.can_allocate(seq.seq_id, tokens):  # a cached prefix shared with a victim: rare
+            self.num_futile_preemptions += len(victims or [])
+            self._note_blocked(rank)
+            return 0
+        bm.allocate(seq.seq_id, tokens)
         return n
 
     def _serve_class(self, plan: StepPlan, state: LLMClassState, now: float, limit: int | None,
@@ -323,9 +344,9 @@ class ClassScheduler(MinShareMixin, StepScheduler):
             seq: Sequence = item.payload
             cached = self.block_manager.lookup(seq)  # a prefix whose KV is cached is not computed again
             n = min(seq.num_pending_tokens - cached, n_room)
-            if seq.seq_id in plan.preempted:  # preempted this step: not back in it
-                return
-            if not self._make_room(seq, cached + n, state.rank, plan):
+            if seq.seq_id in plan.preempted or state.rank >= self._blocked_rank:
+                return  # preempted this step: not back in it; or what it needs, a waiting sequence needs
+            if not self._make_room(seq, cached + n, state, plan):
                 return
             self._admit_one(state, item, seq, n, now, plan, for_share)
             taken += n
@@ -377,17 +398,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
                 mine = [s for s in self.running if s.class_name == state.name]
                 self._preempt(max(mine, key=lambda s: (s.arrival_s, s.seq_id)), plan)
         while len(self.running) > self.max_num_seqs:
-            victim = self._victim(exclude=set(), max_rank=None)
-            assert victim is not None
-            self._preempt(victim, plan)
-
-    def _victim(self, exclude: set[int], max_rank: int | None) -> Sequence | None:
-        """The least important running sequence (newest first), of rank above ``max_rank`` if given."""
-        candidates = [s for s in self.running if s.seq_id not in exclude
-                      and (max_rank is None or self._rank(s) > max_rank)]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id))
+            self._preempt(self._victim_order(exclude=set())[0], plan)
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.block_manager.free(seq.seq_id)
@@ -412,23 +423,85 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
         state.queue.requeue_front(item)
 
-    def _make_room(self, seq: Sequence, n: int, rank: int, plan: StepPlan) -> bool:
-        """Free a sequence slot and KV blocks for an admission, preempting strictly less important
-        classes only (even if already planned this step: their chunk is dropped); a sequence that holds
-        a background class's share keeps its slot, never KV blocks a more important class needs. False
-        when that is not enough (the request keeps its place)."""
+    def _make_room(self, seq: Sequence, n: int, state: LLMClassState, plan: StepPlan) -> bool:
+        """Room for an admission's first ``n`` tokens: a sequence slot and KV blocks, taken from strictly
+        less important classes when short (even if planned this step: their chunk is dropped; a sequence
+        that holds a background class's share keeps its slot, never KV blocks a more important class
+        needs). The victims are chosen first and preempted only if together they make the room; else
+        nobody is preempted and False (the request keeps its place).
+
+        The KV asked for is the whole prompt (and the first output token), not just this chunk, so an
+        admission does not stall half-way through its prompt and take blocks back by preemption; below
+        the most important class it also leaves ADMISSION_HEADROOM of the pool free, the room the
+        next voice request and the running decodes need without preempting anyone."""
         bm = self.block_manager
-        victims = 0
-        while True:
-            short_of_slots = len(self.running) >= self.max_num_seqs
-            if not short_of_slots and bm.can_allocate(seq.seq_id, seq.num_computed_tokens + n):
-                return True
-            victim = self._victim(exclude=self._protected if short_of_slots else set(), max_rank=rank)
-            if victim is None:
-                self.num_futile_preemptions += victims
-                return False
+        need_slot = len(self.running) >= self.max_num_seqs
+        whole = max(n, seq.num_tokens + 1)  # a waiting sequence has no KV: all its tokens, the next one's
+        headroom = 0
+        if state.rank > self._top_rank:  # never more than the pool leaves beside the whole request
+            headroom = min(int(ADMISSION_HEADROOM * bm.num_blocks), bm.num_blocks - bm.blocks_needed(whole))
+        short = self._blocks_short(seq, whole, max(0, headroom))
+        if not need_slot and short <= 0:
+            return True
+        order = [s for s in self._victim_order(exclude=set()) if self._rank(s) > state.rank]
+        victims = self._plan_victims(order, short, need_slot)
+        if victims is None:
+            self._note_blocked(state.rank)
+            return False
+        for victim in victims:
             self._preempt(victim, plan)
-            victims += 1
+        if len(self.running) >= self.max_num_seqs or not bm.can_allocate(seq.seq_id, n):
+            self.num_futile_preemptions += len(victims)  # a cached prefix shared with a victim: rare
+            self._note_blocked(state.rank)
+            return False
+        return True
+
+    def _victim_order(self, exclude: set[int]) -> list[Sequence]:
+        """Running sequences outside ``exclude``, least important first (class, then newest first)."""
+        return sorted((s for s in self.running if s.seq_id not in exclude),
+                      key=lambda s: (self._rank(s), s.arrival_s, s.seq_id), reverse=True)
+
+    def _more_important(self, a: Sequence, b: Sequence) -> bool:
+        return (self._rank(a), a.arrival_s, a.seq_id) < (self._rank(b), b.arrival_s, b.seq_id)
+
+    def _plan_victims(self, order: list[Sequence], blocks_short: int, need_slot: bool) -> list[Sequence] | None:
+        """The first of ``order`` that together free ``blocks_short`` KV blocks (and a sequence slot
+        if ``need_slot``: not one holding a background share), or None when all of them cannot."""
+        victims: list[Sequence] = []
+        for seq in order:
+            freed = self._blocks_freed(victims)
+            if freed >= blocks_short and not need_slot:
+                return victims
+            if freed >= blocks_short and seq.seq_id in self._protected:
+                continue  # only a slot is wanted, and this one holds a share's
+            victims.append(seq)
+            need_slot = False
+        return victims if self._blocks_freed(victims) >= blocks_short and not need_slot else None
+
+    def _blocks_freed(self, seqs: list[Sequence]) -> int:
+        """Blocks preempting ``seqs`` would give back: with prefix caching, a block that another running
+        sequence still holds stays taken."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching:
+            return sum(len(bm.block_table(s.seq_id)) for s in seqs)
+        gone = {s.seq_id for s in seqs}
+        kept = {b for s in self.running if s.seq_id not in gone for b in bm.block_table(s.seq_id)}
+        return len({b for s in seqs for b in bm.block_table(s.seq_id)} - kept)
+
+    def _blocks_short(self, seq: Sequence, num_tokens: int, headroom: int = 0) -> int:
+        """KV blocks the pool lacks for ``num_tokens`` of ``seq`` with ``headroom`` blocks left free
+        (0: they fit). A negative reserve asks ``can_allocate`` whether that many fewer blocks would do,
+        so a cached prefix counts as the block manager counts it."""
+        bm = self.block_manager
+        short = max(0, bm.num_new_blocks(seq.seq_id, num_tokens) + headroom - bm.num_free_blocks)
+        while not bm.can_allocate(seq.seq_id, num_tokens, reserve=headroom - short):
+            short += 1
+        return short
+
+    def _note_blocked(self, rank: int) -> None:
+        """A sequence of class rank ``rank`` was refused KV or a slot this step: no admission of a class
+        as or less important may take what it waits for (it would only be preempted again)."""
+        self._blocked_rank = min(self._blocked_rank, rank)
 
     # ---- results ---------------------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
