@@ -68,5 +68,6 @@ def build_stats(recorder: MetricsRecorder, snapshot: dict[str, Any] | None, poli
         "classes": classes,
         "users": dict(sorted(users.items())),
         "device": device,
+        "engine_health": snap.get("engine_health") or {"failing": False, "last_error": None, "errors": []},
         "recent": recorder.recent_requests(recent_limit),
     }
