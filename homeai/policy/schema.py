@@ -19,6 +19,9 @@ TimeoutAction = Literal["REJECT", "DELAY"]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", max_length=64)]
 # Priority levels are keys of a YAML mapping; JSON (the admin API) can only send them as strings.
 LevelKey = Annotated[int, Field(strict=False)]
+# The background classes' min_share together: at most half of every step and of the device, so the other
+# half is always left to interactive work (a voice prompt is planned within it before any share is paid).
+MAX_BACKGROUND_SHARE = 0.5
 
 
 class _Strict(BaseModel):
@@ -201,6 +204,12 @@ class Policy(_Strict):
         total = sum(c.min_share for c in self.classes.values())
         if total > 1.0 + 1e-9:
             problems.append((("classes",), f"min_share of all classes adds up to {total:g} > 1", total))
+        background = {n: c.min_share for n, c in self.classes.items() if c.background and c.min_share > 0}
+        if sum(background.values()) > MAX_BACKGROUND_SHARE + 1e-9:
+            msg = (f"min_share of the background classes adds up to {sum(background.values()):g} > "
+                   f"{MAX_BACKGROUND_SHARE:g}: interactive work keeps at least half of every step, or a "
+                   f"voice request waits behind the shares")
+            problems += [(("classes", n, "min_share"), msg, share) for n, share in background.items()]
         _fail("Policy", problems)
         return self
 

@@ -5,18 +5,22 @@ and its own VTC fairness counters. Every step re-plans, within a token budget si
 ends within the latency targets of the active interactive classes (``step_budget``):
 
 1. every running decode, most important class first (a due token never waits behind a prompt);
-2. background classes owed their ``min_share`` (a refilling bucket, ``min_share``) get that many
-   tokens: their running prompts' chunks, then admissions;
-3. then class by class in importance order: the class's running prompt chunks, then its admissions,
+2. interactive classes in importance order: the class's running prompt chunks, then its admissions,
    each next request coming from its user with the lowest virtual token counter (the prompt is charged
    at admission), within ``max_num_seqs``, the class's ``max_running`` and the KV pool. A waiting
    voice request is thus planned before a chat prompt's next chunk, which waits or gets what is left.
-   A more important class takes sequence slots or KV blocks from the least important running class
-   by preemption (recompute later), except what holds a background class's share: the victims are
-   chosen first and preempted only if together they make the room (a preemption that makes none
-   only throws computed tokens away). An admission asks KV for its whole prompt, below the most
-   important class with headroom left, and none is made this step for a class as or less important
-   than one refused KV or a slot: it would take what that one waits for, and be preempted for it.
+   They leave the owed background classes this step's share of the budget (and of the sequence
+   slots), never more: a share is a rate, and a voice prompt never waits behind banked credit;
+3. background classes owed their ``min_share`` (a refilling bucket, ``min_share``) get that many
+   tokens: their running prompts' chunks, then admissions;
+4. what is left, class by class in importance order (background fills idle capacity).
+
+A more important class takes sequence slots or KV blocks from the least important running class by
+preemption (recompute later), except what holds a background class's share: the victims are chosen
+first and preempted only if together they make the room (a preemption that makes none only throws
+computed tokens away). An admission asks KV for its whole prompt, below the most important class with
+headroom left, and none is made in a step for a class as or less important than one refused KV or a
+slot: it would take what that one waits for, and be preempted for it.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         self.num_preemptions = 0
         self._top_rank = 0  # the most important class's rank
         self._blocked_rank = NO_RANK  # this step: the most important class refused KV or a slot
+        self._reserved_slots = 0  # sequence slots interactive admissions leave to owed background shares
         self.num_futile_preemptions = 0  # preemptions that did not make the room they were made for
         self.num_wasted_tokens = 0  # computed tokens thrown away by preemptions
         self._num_reused: dict[int, int] = {}  # seq id -> prompt tokens its admission found cached
@@ -224,9 +229,19 @@ class ClassScheduler(MinShareMixin, StepScheduler):
             # outlasts the targets (a slow or busy CPU), prompts keep MIN_STEP_TOKENS beside the decodes,
             # or a waiting voice request would not be admitted until enough decodes finished.
             self._budget = max(self._budget, min(self.max_num_batched_tokens, plan.num_tokens + MIN_STEP_TOKENS))
-            for state in self._owed_background():  # 2. background classes owed their min_share
+            owed = self._owed_background()
+            by_rank = sorted(self.classes.values(), key=lambda c: c.rank)
+            interactive = [c for c in by_rank if not c.policy.background]
+            # 2. interactive work first, leaving this step's share of the budget to the owed background
+            # classes (their rate, never a burst of credit: a voice prompt never waits behind that)
+            leave = self._share_reserve(owed)
+            self._reserved_slots = self._share_slots_reserve(owed)
+            for state in interactive:
+                self._serve_class(plan, state, now, limit=None, for_share=False, leave=leave)
+            self._reserved_slots = 0
+            for state in owed:  # 3. background classes owed their min_share
                 self._serve_class(plan, state, now, limit=int(state.bucket.credit), for_share=True)
-            for state in sorted(self.classes.values(), key=lambda c: c.rank):  # 3. by class importance
+            for state in by_rank:  # 4. what is left, by class importance
                 self._serve_class(plan, state, now, limit=self._background_limit(state), for_share=False)
             self._charge_shares(plan)
             self._in_flight = (now, plan.num_tokens)
@@ -311,14 +326,14 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         return n
 
     def _serve_class(self, plan: StepPlan, state: LLMClassState, now: float, limit: int | None,
-                     for_share: bool) -> None:
+                     for_share: bool, leave: int = 0) -> None:
         """Prompt chunks for the class's running prefills, then its admissions, within the room left in
-        the budget (and ``limit`` tokens, for a min_share pass). Going class by class pauses a less
-        important class's running prefill while a more important class waits."""
+        the budget less ``leave`` tokens (and ``limit`` tokens, for a min_share pass). Going class by
+        class pauses a less important class's running prefill while a more important class waits."""
         taken = 0
 
         def room() -> int:
-            r = self._room(plan)
+            r = self._room(plan) - leave
             return r if limit is None else min(r, limit - taken)
 
         for seq in sorted((s for s in self.running if s.class_name == state.name),
@@ -435,7 +450,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         the most important class it also leaves ADMISSION_HEADROOM of the pool free, the room the
         next voice request and the running decodes need without preempting anyone."""
         bm = self.block_manager
-        need_slot = len(self.running) >= self.max_num_seqs
+        need_slot = len(self.running) >= self.max_num_seqs - self._reserved_slots
         whole = max(n, seq.num_tokens + 1)  # a waiting sequence has no KV: all its tokens, the next one's
         headroom = 0
         if state.rank > self._top_rank:  # never more than the pool leaves beside the whole request
@@ -446,7 +461,8 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         order = [s for s in self._victim_order(exclude=set()) if self._rank(s) > state.rank]
         victims = self._plan_victims(order, short, need_slot)
         if victims is None:
-            self._note_blocked(state.rank)
+            if short > 0 or len(self.running) >= self.max_num_seqs:  # not a slot left to a share
+                self._note_blocked(state.rank)
             return False
         for victim in victims:
             self._preempt(victim, plan)

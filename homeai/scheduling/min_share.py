@@ -64,6 +64,23 @@ class MinShareMixin:
                 out.append(state)
         return out
 
+    def _share_reserve(self, owed: list[LLMClassState]) -> int:
+        """Tokens of this step interactive work leaves to the owed background classes: each one's
+        min_share of the budget (its rate), or its credit if less. What credit a class banked beyond
+        that (at most SHARE_BURST_STEPS steps' worth) it may take only after interactive work."""
+        return sum(min(int(s.bucket.credit), int(s.policy.min_share * self._budget)) for s in owed)
+
+    def _share_slots_reserve(self, owed: list[LLMClassState]) -> int:
+        """Sequence slots interactive admissions leave to the owed background classes with queued work:
+        their share of the slots not yet held by a share-holding sequence (within max_running)."""
+        out = 0
+        for state in owed:
+            if len(state.queue):
+                cap = state.policy.max_running
+                room = self._share_slots(state) - self._num_protected(state)
+                out += max(0, room if cap is None else min(room, cap - state.num_running))
+        return out
+
     def _share_slots(self, state: LLMClassState) -> int:
         return int(state.policy.min_share * self.max_num_seqs) if state.policy.background else 0
 

@@ -148,6 +148,21 @@ def test_min_share_over_all_classes_must_not_exceed_one() -> None:
     assert "adds up to 1.3 > 1" in errors_of(text)["classes"]
 
 
+def test_background_min_shares_must_leave_interactive_work_half_of_every_step() -> None:
+    """Two background classes at 0.45 and 0.5 were accepted (the sum was only checked against 1) and
+    took 643 prompt tokens of every step, so voice waited about ten steps for its first token."""
+    text = (
+        "classes:\n  voice: {kind: llm, model: m, priority: 0}\n"
+        "  summarize: {kind: llm, model: m, priority: 2, background: true, min_share: 0.45}\n"
+        "  indexing: {kind: embedding, model: e, priority: 2, background: true, min_share: 0.5}\n"
+    )
+    errs = errors_of(text)
+    assert set(errs) == {"classes.summarize.min_share", "classes.indexing.min_share"}
+    assert "adds up to 0.95 > 0.5" in errs["classes.indexing.min_share"]
+    ok = text.replace("0.45", "0.2").replace("0.5}", "0.3}")
+    assert parse_policy(ok, source="p.yaml").classes["indexing"].min_share == 0.3
+
+
 def test_yaml_syntax_errors_give_file_line_and_column() -> None:
     with pytest.raises(PolicyError) as info:
         parse_policy("classes:\n  voice: {kind: llm\n  x: 1\n", source="bad.yaml")
