@@ -145,13 +145,16 @@ class ClassScheduler(MinShareMixin, StepScheduler):
             newly = state.queue.num_queued_for(seq.user) == 0
             state.queue.push(item, now, self._num_free_slots(state))
             if newly:
-                state.vtc.on_backlogged(seq.user, state.queue.users_queued())
+                state.vtc.on_backlogged(seq.user, state.queue.users_queued(), self._num_running_for(state, seq.user))
             seq.arrival_s = item.arrival_s
             if not state.policy.background:
                 self.last_interactive_s = item.arrival_s
             seq.status = SequenceStatus.WAITING
             seq.queue_item = item
             self.seqs[seq.seq_id] = seq
+
+    def _num_running_for(self, state: LLMClassState, user: str) -> int:
+        return sum(s.user == user and s.class_name == state.name for s in self.running)
 
     def _num_free_slots(self, state: LLMClassState) -> int:
         """Sequences of the class that could start now: within its ``max_running`` and ``max_num_seqs``."""

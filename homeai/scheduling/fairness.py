@@ -3,8 +3,11 @@
 After Sheng et al., "Fairness in Serving Large Language Models" (OSDI 2024). Each user has a counter
 of the service it received, in weighted tokens: input tokens x w_in plus output tokens x w_out,
 divided by the user's weight. The next request admitted is the head request of the backlogged user
-with the lowest counter. A user whose queue goes from empty to non-empty is lifted to the lowest
-counter among the backlogged users, so that idle time is not banked as credit against them. The
+with the lowest counter. A user back from idle (its queue goes from empty to non-empty while none of
+its requests runs) is lifted to the lowest counter among the backlogged users, so that idle time is not
+banked as credit against them. A user whose requests still run is busy, not idle: its counter lags its
+service only because output is charged as it is generated, and lifting it would take away the share its
+weight gives it (weight 2 against 1 used to come out at 1:1 for a user who queued while decoding). The
 paper proves that two continuously backlogged users then differ in received service by at most 2U,
 U being the largest cost one admission can add (w_in x max input + w_out x max output in the batch).
 """
@@ -70,14 +73,17 @@ class VirtualTokenCounter:
         self._counters[user] = value
         return value
 
-    def on_backlogged(self, user: str, backlogged_users: Iterable[str]) -> float:
-        """``user``'s queue went from empty to non-empty: lift it to max(own, min over backlogged).
+    def on_backlogged(self, user: str, backlogged_users: Iterable[str], num_running: int = 0) -> float:
+        """``user``'s queue went from empty to non-empty: if it was idle (``num_running``: its requests
+        running now, none), lift it to max(own, min over backlogged); a busy user keeps its counter.
 
         ``backlogged_users`` are the users with queued requests (``user`` itself is ignored). When no
         one else is backlogged we lift to the counter of the user that last left the backlog (see
         ``on_drained``), so a user returning from idle cannot bank credit against users whose
         requests are still running. Returns the user's counter.
         """
+        if num_running > 0 and user in self._counters:
+            return self._counters[user]
         others = [self.counter(u) for u in backlogged_users if u != user]
         floor = min(others) if others else self._last_left
         value = max(self.counter(user), floor)
