@@ -96,7 +96,8 @@ class ClassQueue:
         ``num_free_slots``: requests of this class that could start running at the next step. They are
         queued until then, but they are not waiting for a slot, so they do not count against
         ``max_queue_size`` (8 running + 16 queued allowed: a burst of 40 admits 24, however few of them
-        the device thread has moved to running yet).
+        the device thread has moved to running yet). The slots go to the class's levels in order: a
+        level's allowance is what the requests queued at the levels before it leave.
 
         Applies no timeouts: a request it timed out would leave the queue with nobody told (issue 9,
         finding 11). Call ``expire(now)`` first so that timed-out requests make room and get answered."""
@@ -104,7 +105,8 @@ class ClassQueue:
             raise ValueError(f"request {item.request_id!r} is already queued in {self.name!r}")
         no = self._resolve_level(item.priority_level)
         qp = self._policy.queue_policy(no)
-        if qp.max_queue_size and self._levels[no].num_live >= qp.max_queue_size + max(0, num_free_slots):
+        ahead = sum(level.num_live for n, level in self._levels.items() if n < no)
+        if qp.max_queue_size and self._levels[no].num_live >= qp.max_queue_size + max(0, num_free_slots - ahead):
             raise QueueFullError(self.retry_after_s(now, no), self.name, no)
         item.priority_level, item.arrival_s, item.seq = no, now, next(self._seq)
         timeout_us = effective_timeout_us(qp, item.timeout_override_us)

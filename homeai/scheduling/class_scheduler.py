@@ -157,8 +157,17 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         return sum(s.user == user and s.class_name == state.name for s in self.running)
 
     def _num_free_slots(self, state: LLMClassState) -> int:
-        """Sequences of the class that could start now: within its ``max_running`` and ``max_num_seqs``."""
-        free = self.max_num_seqs - len(self.running)
+        """Sequences of the class that could start at the next step, within its ``max_running`` and
+        ``max_num_seqs``: slots free or held by less important classes (preemption frees those, except
+        a background share's), less those that more important classes' queued requests will take."""
+        protected = self._share_protected()
+        held = sum(self._rank(s) <= state.rank or s.seq_id in protected for s in self.running)
+        ahead = 0
+        for other in self.classes.values():
+            if other.rank < state.rank and len(other.queue):
+                cap = other.policy.max_running
+                ahead += len(other.queue) if cap is None else min(len(other.queue), max(0, cap - other.num_running))
+        free = self.max_num_seqs - held - ahead
         cap = state.policy.max_running
         return max(0, free if cap is None else min(free, cap - state.num_running))
 

@@ -46,3 +46,47 @@ def test_a_burst_of_40_voice_requests_admits_running_plus_queued() -> None:
     sched.update(plan, runner.execute(plan, sched.seqs))
     assert sched.classes["voice"].num_running == 8 and len(sched.classes["voice"].queue) == 16
     assert burst(sched, 5, first_id=100) == (0, 5)  # 8 running + 16 queued: full now
+
+
+def test_slots_held_by_a_less_important_class_count_as_room_for_a_burst() -> None:
+    """Chat holds all 64 slots; 24 voice requests arrive at once. Preemption starts 8 of them at the next
+    step, so 8 + 16 queued are accepted (before: 8 x 429, the slots chat held counted as taken)."""
+    policy = load_policy(DEFAULT_POLICY)
+    clock = VirtualClock()
+    sched = ClassScheduler(BlockManager(4096, 16), policy, clock, model=policy.classes["voice"].model)
+    runner = FakeRunner()
+    chats = make_requests(64, prompt_len=8, max_tokens=200, first_id=1000)
+    for seq in chats:
+        seq.class_name = "chat"
+        sched.add(seq)
+    while sched.classes["chat"].num_running < 64:
+        plan = sched.schedule()
+        sched.update(plan, runner.execute(plan, sched.seqs))
+        clock.advance(0.01)
+    assert burst(sched, 24) == (24, 0)
+    plan = sched.schedule()
+    sched.update(plan, runner.execute(plan, sched.seqs))
+    assert len(plan.preempted) == 8
+    assert sched.classes["voice"].num_running == 8 and len(sched.classes["voice"].queue) == 16
+
+
+def test_free_slots_go_to_the_first_priority_level_not_to_every_level() -> None:
+    """A class with two levels of 4 queued each and 8 free slots: level 1 takes the slots (4 + 8), so
+    level 2 keeps its own limit of 4 (before: each level was allowed the 8 free slots again, 24 in all
+    for 8 slots and 8 queue places)."""
+    policy = load_policy(DEFAULT_POLICY)
+    chat = policy.classes["chat"].model_copy(update={
+        "priority_levels": 2, "max_running": 8,
+        "default_queue_policy": policy.classes["chat"].default_queue_policy.model_copy(update={"max_queue_size": 4})})
+    policy = policy.model_copy(update={"classes": {**policy.classes, "chat": chat}})
+    sched = ClassScheduler(BlockManager(1024, 16), policy, VirtualClock(), model=chat.model)
+    accepted = {1: 0, 2: 0}
+    for level in (1, 2):
+        for seq in make_requests(12, first_id=100 * level):
+            seq.class_name, seq.priority_level = "chat", level
+            try:
+                sched.add(seq)
+                accepted[level] += 1
+            except QueueFullError:
+                pass
+    assert accepted == {1: 12, 2: 4}
