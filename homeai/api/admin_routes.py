@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from litestar import Request, Response, Router, get, post, put
 from litestar.params import Parameter
 
-from homeai.api.auth import require_admin, resolve_caller
+from homeai.api.auth import ADMIN, require_admin, resolve_caller
 from homeai.api.policy_apply import Applied, apply_policy_text, record_running_policy, running_text
 from homeai.policy.loader import PolicyError
 from homeai.policy.store import PolicyHolder
@@ -69,7 +69,8 @@ async def get_policy(request: Request[Any, Any, Any]) -> Response[str]:
     return Response(running_text(_holder(request)), media_type=YAML_MEDIA_TYPE)
 
 
-@put("/policy", summary="Validate and apply a policy (YAML body)", status_code=200)
+@put("/policy", summary="Validate and apply a policy (YAML body)", status_code=200,
+     opt={"body": "yaml"})  # application/yaml, text/yaml, text/plain or no type (homeai/api/body_guard.py)
 async def put_policy(request: Request[Any, Any, Any]) -> Response[Any]:
     try:
         text = (await request.body()).decode("utf-8")
@@ -157,5 +158,6 @@ admin_router = Router(
     path="/admin",
     route_handlers=[get_policy, put_policy, policy_history, policy_version, rollback_policy],
     guards=[require_admin],
+    opt={"auth": ADMIN},  # the app's authenticate guard refuses a non-admin before it looks at the body
     tags=["admin"],
 )

@@ -29,6 +29,7 @@ from homeai.api.jobs_routes import jobs_router
 from homeai.api.observability_routes import observability_router
 from homeai.api.ollama_routes import OllamaController, ollama_root, ollama_root_head
 from homeai.api.openai_routes import OpenAIController
+from homeai.api.origin_guard import web_protection
 from homeai.api.policy_apply import record_running_policy
 from homeai.api.policy_startup import PolicyRefusal, fall_back_to_stored, startup_holder
 from homeai.api.policy_watcher import start_policy_watcher
@@ -106,23 +107,34 @@ async def policy_watcher_lifespan(app: Litestar) -> AsyncIterator[None]:
         await asyncio.gather(task, return_exceptions=True)
 
 
+ROUTE_HANDLERS: list[Any] = [OpenAIController, ResponsesController, OllamaController, ollama_root, ollama_root_head,
+                             admin_router, observability_router, jobs_router, collections_router]
+
+
+def protection(settings: Settings) -> dict[str, Any]:
+    """What every request passes before its handler, as Litestar arguments (tests build apps with them)."""
+    return {
+        "exception_handlers": {Exception: exception_handler},
+        # first of all: a request must name this server, and a browser's must come from an allowed page
+        **web_protection(settings),
+        # before any body is parsed: a draining server answers 503, a stranger 401 (never a 400), then the
+        # body's media type, depth and types (homeai/api/body_guard.py)
+        "guards": [refuse_while_draining, authenticate],
+        "request_max_body_size": settings.max_body_bytes,  # a larger body: 413, unread if its length is sent
+    }
+
+
 def create_app(settings: Settings | None = None) -> Litestar:
     """Build the app; the policy is read here. An invalid file is refused (logged, reported by /readyz)
     and the server starts on a fallback policy rather than not at all."""
     settings = settings or Settings()
     policy_path = settings.prepare_data_dir()
     holder, refusal = startup_holder(policy_path)
-    handlers: list[Any] = [OpenAIController, ResponsesController, OllamaController, ollama_root, ollama_root_head,
-                           admin_router, observability_router, jobs_router,
-                           collections_router]
     return Litestar(
-        route_handlers=handlers,
-        exception_handlers={Exception: exception_handler},
-        # before any body is parsed: a draining server answers 503, a stranger 401 (never a 400)
-        guards=[refuse_while_draining, authenticate],
+        route_handlers=ROUTE_HANDLERS,
+        **protection(settings),
         # request log and jobs start after the engine and stop before it
         lifespan=[store_lifespan, engine_lifespan, background_lifespan, drain_lifespan, policy_watcher_lifespan],
-        request_max_body_size=settings.max_body_bytes,
         state=State({"settings": settings, "bind_host": settings.host, "policy_holder": holder,
                      "policy_path": policy_path, "metrics": MetricsRecorder(), "gateway": None, "store": None,
                      "policy_refusal": refusal, "drain": Drain(settings.drain_timeout_s)}),

@@ -6,8 +6,8 @@ caller is ``anonymous`` and an admin: a single-machine household needs no setup.
 ``Authorization: Bearer KEY`` (what the openai and ollama clients send) or ``X-API-Key: KEY``.
 
 ``authenticate`` is the app's guard on every route: guards run before Litestar parses a body, so an
-unauthenticated request gets 401 whatever its body holds (and an oversized or over-nested body is
-never read for a stranger). A route's ``opt["auth"]`` says what it needs: ``public`` (health, the
+unauthenticated request gets 401 whatever its body holds (and an oversized, over-nested or mistyped
+body is never read for a stranger). A route's ``opt["auth"]`` says what it needs: ``public`` (health, the
 Ollama root probe), ``metrics`` (stats and /metrics name every household member: a key with the
 ``metrics`` scope, or an admin), ``admin``; anything else needs any authenticated caller.
 """
@@ -21,7 +21,7 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException, ServiceUnavailableException
 from litestar.handlers.base import BaseRouteHandler
 
-from homeai.api.json_depth import check_json_depth
+from homeai.api.body_guard import check_body
 from homeai.api.settings import is_loopback
 from homeai.store.keys import KeyStoreUnavailable
 
@@ -101,8 +101,9 @@ async def require_admin(connection: ASGIConnection[Any, Any, Any, Any], _handler
 
 
 async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    """The app-wide guard: who is calling, checked against the route's ``opt["auth"]``, then the
-    body's JSON depth (a caller who may not use the route never has its body read)."""
+    """The app-wide guard: who is calling, checked against the route's ``opt["auth"]``, then the body's
+    media type, JSON depth and types (``homeai.api.body_guard``: a caller who may not use the route never
+    has its body read)."""
     needs = handler.opt.get("auth")
     if needs == PUBLIC or connection.scope["path"].startswith(PUBLIC_PREFIXES):
         return
@@ -112,5 +113,4 @@ async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], handler: 
     if needs == METRICS and not caller.may_read_metrics():
         raise PermissionDeniedException(f"user {caller.user!r} needs a key with the {METRICS_SCOPE!r} scope "
                                         "or an admin key to read statistics")
-    if connection.scope["type"] == "http" and connection.scope.get("method") in ("POST", "PUT", "PATCH"):
-        await check_json_depth(connection)
+    await check_body(connection, handler)

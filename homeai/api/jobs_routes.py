@@ -10,7 +10,7 @@
     POST   /v1/search             {"collection", "query", "k"} -> {"results": [{"text", "score", "document"}]}
 
 Jobs read folders on the server, so they need an admin caller (any caller on loopback without keys),
-and an index job's folder must lie inside one of Settings.job_roots (HOMEAI_JOB_ROOTS) when those are set;
+and an index job's folder must lie inside one of Settings.job_roots (HOMEAI_JOB_ROOTS; unset, the home folder);
 search needs a caller who may search the collection (its owner, a listed reader, an admin: see
 collections_routes). The query is embedded in the interactive embedding class.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from litestar import Request, Router, delete, get, post
 from litestar.params import FromPath, JSONBody
 
-from homeai.api.auth import require_admin, resolve_caller
+from homeai.api.auth import ADMIN, require_admin, resolve_caller
 from homeai.api.collections_routes import searchable
 from homeai.api.errors import BadRequest, NotFound, ServiceUnavailable
 from homeai.api.jobs_schemas import (
@@ -139,7 +139,7 @@ async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest])
     index: SearchIndex | None = request.app.state.get("search")
     if index is None:
         raise ServiceUnavailable("search is not available (no store, or still starting)")
-    collection_id = (await searchable(request, data.collection.strip())).id  # 404, or 403 if not shared
+    collection_id = (await searchable(request, data.collection.strip())).id  # 404 unless it may
     gateway = gateway_of(request)
     ctx = await request_context(request)
     ctx.class_name = _search_class(gateway, ctx.class_name)
@@ -153,7 +153,8 @@ async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest])
 
 
 jobs_router = Router(path="/v1", route_handlers=[
+    # opt: the app's authenticate guard refuses a non-admin before it looks at the body
     Router(path="/", route_handlers=[create_job, list_jobs, show_job, delete_job, pause_job, resume_job],
-           guards=[require_admin]),
+           guards=[require_admin], opt={"auth": ADMIN}),
     search,
 ], tags=["jobs"])

@@ -2,12 +2,16 @@
 
 Like Ollama, unknown fields and options are accepted and ignored, so Home Assistant, Open WebUI and
 the ``ollama`` package can send whatever their version sends. ``think``, ``keep_alive`` and ``num_ctx``
-are accepted and have no effect: the models stay loaded and the context is the served one. ``tools``
-and ``format`` ("json" or a JSON Schema) constrain the answer (``homeai.api.tools``, ``structured``).
+have no effect (the models stay loaded and the context is the served one), but a value Ollama would
+refuse is refused here too: a ``keep_alive`` that is neither a Go duration ("5m", "1h30m", "0", "-1m")
+nor a number of seconds, and (in the routes, which know the model) a ``num_ctx`` above the model's
+context. ``tools`` and ``format`` ("json" or a JSON Schema) constrain the answer (``homeai.api.tools``,
+``structured``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
@@ -15,6 +19,25 @@ from msgspec import Meta, Struct
 from homeai.api.openai_schemas import MinP, RepetitionPenalty, Seed, Temperature, TopK, TopP
 
 KeepAlive = str | int | float | None
+# Go's time.ParseDuration (signed, decimal numbers each with a unit; "0" alone needs none), or a number
+# of seconds written as a string ("-1", "300": Ollama itself refuses those, some clients send them)
+_GO_DURATION = re.compile(r"[-+]?(0|((\d+(\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h))+|\d+(\.\d*)?)")
+
+
+def check_keep_alive(value: KeepAlive) -> None:
+    """ValueError unless ``value`` is what Ollama takes: a Go duration string or a number of seconds."""
+    if isinstance(value, str) and not _GO_DURATION.fullmatch(value.strip()):
+        raise ValueError(f"keep_alive must be a duration such as \"5m\" or \"1h30m\", or a number of seconds "
+                         f"(negative: stay loaded); got {value!r}")
+
+
+class _KeepsAlive(Struct, kw_only=True):
+    """A request with Ollama's ``keep_alive`` (checked, then ignored: every served model stays loaded)."""
+
+    keep_alive: KeepAlive = None
+
+    def __post_init__(self) -> None:
+        check_keep_alive(self.keep_alive)
 
 
 class Options(Struct, kw_only=True):
@@ -42,25 +65,23 @@ class OllamaMessage(Struct, kw_only=True):
     thinking: str | None = None
 
 
-class ChatRequest(Struct, kw_only=True):
+class ChatRequest(_KeepsAlive, kw_only=True):
     model: str
     messages: list[OllamaMessage] = []
     stream: bool = True
     options: Options | None = None
-    keep_alive: KeepAlive = None
     tools: list[dict[str, Any]] | None = None
     format: Any = None
     think: bool | str | None = None
 
 
-class GenerateRequest(Struct, kw_only=True):
+class GenerateRequest(_KeepsAlive, kw_only=True):
     model: str
     prompt: str = ""
     system: str | None = None
     raw: bool = False
     stream: bool = True
     options: Options | None = None
-    keep_alive: KeepAlive = None
     context: list[int] | None = None  # token ids of an earlier answer to continue from
     images: list[str] | None = None
     suffix: str | None = None
@@ -69,22 +90,20 @@ class GenerateRequest(Struct, kw_only=True):
     think: bool | str | None = None
 
 
-class EmbedRequest(Struct, kw_only=True):
+class EmbedRequest(_KeepsAlive, kw_only=True):
     model: str
     input: str | Annotated[list[str], Meta(max_length=2048)] = ""
     truncate: bool = True
     options: Options | None = None
-    keep_alive: KeepAlive = None
     dimensions: Annotated[int, Meta(ge=1)] | None = None
 
 
-class EmbeddingsRequest(Struct, kw_only=True):
+class EmbeddingsRequest(_KeepsAlive, kw_only=True):
     """The legacy single-text endpoint /api/embeddings."""
 
     model: str
     prompt: str = ""
     options: Options | None = None
-    keep_alive: KeepAlive = None
 
 
 class ModelRequest(Struct, kw_only=True):

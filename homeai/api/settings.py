@@ -18,6 +18,8 @@ from pathlib import Path
 DATA_DIR_ENV = "HOMEAI_DATA_DIR"
 DATABASE_URL_ENV = "HOMEAI_DATABASE_URL"
 JOB_ROOTS_ENV = "HOMEAI_JOB_ROOTS"
+ALLOWED_HOSTS_ENV = "HOMEAI_ALLOWED_HOSTS"
+ORIGINS_ENV = "HOMEAI_ORIGINS"
 DRAIN_TIMEOUT_ENV = "HOMEAI_DRAIN_TIMEOUT_S"
 COMPILE_DECODE_ENV = "HOMEAI_COMPILE_DECODE"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,10 +39,28 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "homeai"
 
 
+def default_job_roots() -> tuple[Path, ...]:
+    """The user's home folder, unless it holds the system's own files (a home of ``/``): then none."""
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):  # no home at all (a service user without one)
+        return ()
+    return () if Path("/etc").resolve().is_relative_to(home) else (home,)
+
+
 def job_roots_from_env() -> tuple[Path, ...]:
-    """HOMEAI_JOB_ROOTS: the folders (separated by os.pathsep) index jobs may read; unset: any folder."""
+    """HOMEAI_JOB_ROOTS: the folders (separated by os.pathsep) index jobs may read; ``*``: any folder;
+    unset or empty: the user's home folder (``default_job_roots``)."""
     raw = os.environ.get(JOB_ROOTS_ENV, "")
-    return tuple(Path(p).expanduser().resolve() for p in raw.split(os.pathsep) if p.strip())
+    parts = [p.strip() for p in raw.split(os.pathsep) if p.strip()]
+    if "*" in parts:
+        return (Path("/"),)
+    return tuple(Path(p).expanduser().resolve() for p in parts) if parts else default_job_roots()
+
+
+def list_from_env(name: str) -> tuple[str, ...]:
+    """A comma-separated setting (HOMEAI_ALLOWED_HOSTS, HOMEAI_ORIGINS) as its non-empty items."""
+    return tuple(item.strip() for item in os.environ.get(name, "").split(",") if item.strip())
 
 
 def is_loopback(host: str) -> bool:
@@ -62,7 +82,7 @@ class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
     policy_path: Path | None = None  # None: <data_dir>/policy.yaml (copied from the repo on first start)
     kv_cache_mb: int = 256
-    max_body_bytes: int = 10 * 2**20  # larger request bodies get 413
+    max_body_bytes: int = 4 * 2**20  # larger request bodies get 413 (before they are read, if the length is sent)
     policy_poll_s: float = 1.0  # how often the policy file's mtime is checked for a hot reload
     drain_timeout_s: float = field(default_factory=lambda: float(os.environ.get(DRAIN_TIMEOUT_ENV) or 30.0))
     # on SIGTERM: running requests may go on this long before their streams are ended (homeai/api/drain.py)
@@ -72,8 +92,12 @@ class Settings:
     cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
     # None: SQLite in the data dir; else any SQLAlchemy async URL (postgresql+asyncpg://user:pw@host/db)
     database_url: str | None = field(default_factory=lambda: os.environ.get(DATABASE_URL_ENV) or None)
-    # folders an index job may read (a sandbox for tests, or a limit an admin sets); empty: any folder
+    # folders an index job may read (HOMEAI_JOB_ROOTS; default the home folder); empty: none, ("/",): any
     job_roots: tuple[Path, ...] = field(default_factory=job_roots_from_env)
+    # Host names (besides the server's own) a request may be addressed to; "*": any (homeai/api/origin_guard.py)
+    allowed_hosts: tuple[str, ...] = field(default_factory=lambda: list_from_env(ALLOWED_HOSTS_ENV))
+    # web page origins (besides the server's own) that may call it from a browser; "*": any
+    origins: tuple[str, ...] = field(default_factory=lambda: list_from_env(ORIGINS_ENV))
 
     @property
     def database_path(self) -> Path:

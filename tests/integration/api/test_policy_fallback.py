@@ -38,7 +38,7 @@ async def test_start_with_an_invalid_policy_file(pulled_models: dict[str, Path],
     caplog.set_level(logging.ERROR, logger="homeai.api.policy_startup")
     app = create_app(Settings(data_dir=tmp_path, cache_dir=homeai_cache_dir, database_url=None))
     assert "refused at start-up" in caplog.text and "max_queue_size" in caplog.text
-    async with AsyncTestClient(app=app, timeout=120) as client:
+    async with AsyncTestClient(app=app, timeout=120, base_url="http://127.0.0.1:8000") as client:  # its own name
         ready = await client.get("/readyz")
         assert ready.status_code == 200, ready.text
         body = ready.json()

@@ -94,7 +94,8 @@ async def test_deep_json_is_a_400_not_a_recursion_error(client: AsyncTestClient[
         assert f"more than {MAX_JSON_DEPTH} levels" in r.text, r.text
     key, _ = await store.keys.create("alice")
     assert (await client.post("/v1/chat/completions", content=DEEP)).status_code == 401  # auth first
-    r = await client.post("/v1/chat/completions", content=DEEP, headers=bearer(key))
+    r = await client.post("/v1/chat/completions", content=DEEP,
+                          headers={**bearer(key), "Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
 
 
