@@ -111,8 +111,10 @@ def _index_spec(body: JobCreate, job_roots: tuple[Path, ...]) -> dict[str, Any]:
     if not is_dir:
         raise BadRequest(f"'path' {body.path!r} is not a folder on the server", param="path")
     folder = folder.resolve()
-    if job_roots and not any(folder.is_relative_to(root) for root in job_roots):
-        raise BadRequest(f"'path' {body.path!r} is outside the folders jobs may read", param="path")
+    if not any(folder.is_relative_to(root) for root in job_roots):
+        allowed = ", ".join(map(str, job_roots)) or "none"
+        raise BadRequest(f"'path' {body.path!r} is outside the folders index jobs may read ({allowed}; "
+                         "set HOMEAI_JOB_ROOTS to change them)", param="path")
     spec: dict[str, Any] = {"path": str(folder), "collection": _name(body.collection, "collection")}
     if body.chunk_tokens is not None:
         if not 8 <= body.chunk_tokens <= 512:
@@ -145,8 +147,9 @@ def _prompt_spec(body: JobCreate, llm_classes: set[str]) -> dict[str, Any]:
 
 
 def job_spec(body: JobCreate, llm_classes: set[str], job_roots: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The stored spec of a valid request; BadRequest naming the field otherwise. ``job_roots`` (when
-    not empty) are the only folders an index job may read (Settings.job_roots)."""
+    """The stored spec of a valid request; BadRequest naming the field otherwise. ``job_roots`` are the
+    only folders an index job may read (Settings.job_roots: the home folder unless HOMEAI_JOB_ROOTS says
+    otherwise; none, no index job; ``/``, any folder)."""
     if body.kind not in JOB_KINDS:
         raise BadRequest(f"'kind' must be one of {list(JOB_KINDS)}, got {body.kind!r}", param="kind")
     if body.schedule is not None:

@@ -51,7 +51,8 @@ async def app(tmp_path: Path) -> AsyncIterator[Litestar]:
     await manager.start()
     state = State({"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "jobs": manager,
                    "search": SearchIndex(store.collections), "gateway": FakeGateway(), "metrics": MetricsRecorder(),
-                   "request_log": StubWriter(), "settings": Settings(data_dir=tmp_path / "data", job_roots=())})
+                   "request_log": StubWriter(),
+                   "settings": Settings(data_dir=tmp_path / "data", job_roots=(Path("/"),))})  # any folder
     yield Litestar(route_handlers=[jobs_router, observability_router], state=state,
                    exception_handlers={Exception: exception_handler})
     await manager.shutdown()
