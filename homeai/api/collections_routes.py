@@ -5,7 +5,8 @@
 
 A collection belongs to the user whose index job built it (``POST /v1/jobs`` records the owner); its
 owner, the users it lists (``*``: anyone with a key) and admins may search it. Without keys on
-loopback everyone is an admin, so a household that set up nothing sees no difference.
+loopback everyone is an admin, so a household that set up nothing sees no difference. A collection the
+caller may not search is answered exactly as one that does not exist (404), so names cannot be probed.
 """
 
 from __future__ import annotations
@@ -48,15 +49,17 @@ def _view(access: CollectionAccess) -> CollectionView:
     return CollectionView(access.name, access.owner, list(access.readers))
 
 
+def no_collection(name: str, param: str) -> NotFound:
+    """The one answer for a collection that is not there and for one the caller may not see."""
+    return NotFound(f"no collection named {name!r}", param=param)
+
+
 async def searchable(request: Request[Any, Any, Any], name: str) -> CollectionAccess:
-    """The collection ``name`` if the caller may search it: 404 if there is none, else 403."""
+    """The collection ``name`` if the caller may search it; 404 if there is none or they may not."""
     access = await _collections(request).access(name)
-    if access is None:
-        raise NotFound(f"no collection named {name!r}", param="collection")
     caller: Caller = await resolve_caller(request)
-    if not access.may_search(caller.user, caller.is_admin):
-        raise ApiError(f"user {caller.user!r} may not search collection {name!r} (ask its owner or an admin)",
-                       status_code=403, param="collection")
+    if access is None or not access.may_search(caller.user, caller.is_admin):
+        raise no_collection(name, "collection")
     return access
 
 
@@ -72,10 +75,10 @@ async def set_readers(request: Request[Any, Any, Any], name: FromPath[str],
                       data: JSONBody[ReadersUpdate]) -> CollectionView:
     collections = _collections(request)
     access = await collections.access(name)
-    if access is None:
-        raise NotFound(f"no collection named {name!r}", param="name")
     caller = await resolve_caller(request)
-    if not (caller.is_admin or caller.user == access.owner):
+    if access is None or not access.may_search(caller.user, caller.is_admin):
+        raise no_collection(name, "name")
+    if not (caller.is_admin or caller.user == access.owner):  # a reader knows it exists
         raise ApiError(f"only the owner of {name!r} or an admin may change who searches it", status_code=403)
     users = [u.strip() for u in data.users if u.strip()]
     await collections.set_readers(access.id, users)

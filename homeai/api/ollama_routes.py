@@ -29,7 +29,9 @@ from homeai.api.ollama_schemas import (
 )
 from homeai.api.serving import (
     Generation,
+    RequestContext,
     chat_prompt_ids,
+    check_prompt_fits,
     check_token_ids,
     class_tool_choice_of,
     compile_constraint,
@@ -45,6 +47,7 @@ from homeai.api.structured import ollama_format_constraint
 from homeai.api.tool_calls import ToolCall, ToolCallParser, parse_all
 from homeai.api.tools import answer_shape, assistant_calls_message, tool_result_message
 from homeai.core.types import Constraint, FinishReason, SamplingParams
+from homeai.engine.gateway import Gateway, Route
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose endpoints and fields we follow
 
@@ -62,6 +65,22 @@ def sampling_params(options: Options | None, max_tokens: int) -> SamplingParams:
         repetition_penalty=1.1 if o.repeat_penalty is None else o.repeat_penalty,
         presence_penalty=o.presence_penalty or 0.0, frequency_penalty=o.frequency_penalty or 0.0,
         seed=o.seed, max_tokens=max_tokens, stop=[s for s in o.stop or [] if s])
+
+
+async def routed(request: Request[Any, Any, Any], data: ChatRequest | GenerateRequest | EmbedRequest |
+                 EmbeddingsRequest, kind: str) -> tuple[RequestContext, Gateway, Route]:
+    """Who asks, the gateway and the route; ``options.num_ctx`` above the model's context is a 400 (a
+    smaller one is served in the model's own context)."""
+    ctx = await request_context(request)
+    gateway = gateway_of(request)
+    route = route_request(gateway, data.model, ctx, kind)
+    num_ctx = data.options.num_ctx if data.options is not None else None
+    if num_ctx is not None:
+        limit = gateway.llm(route.model).max_model_len if kind == "llm" else gateway.embedders[route.model].max_length
+        if num_ctx > limit:
+            raise BadRequest(f"options.num_ctx is {num_ctx}; model {route.model!r} holds at most {limit} tokens",
+                             param="options.num_ctx")
+    return ctx, gateway, route
 
 
 def requested_max_tokens(options: Options | None) -> int | None:
@@ -116,6 +135,8 @@ async def generate_reply(request: Request[Any, Any, Any], data: ChatRequest | Ge
     gateway = gateway_of(request)
     params = sampling_params(data.options, default_max_tokens(gateway, route, prompt_ids,
                                                               requested_max_tokens(data.options)))
+    check_prompt_fits(gateway, route, prompt_ids, params.max_tokens, "messages" if chat else "prompt",
+                      "options.num_predict")
     if constraint is not None:
         await compile_constraint(gateway, route, *constraint)
         params.constraint = constraint[0]
@@ -172,9 +193,7 @@ class OllamaController(Controller):
 
     @post("/chat", status_code=200, summary="Chat (NDJSON lines unless stream is false)")
     async def chat(self, request: Request[Any, Any, Any], data: ChatRequest) -> Response[Any]:
-        ctx = await request_context(request)
-        gateway = gateway_of(request)
-        route = route_request(gateway, data.model, ctx, "llm")
+        ctx, gateway, route = await routed(request, data, "llm")
         if not data.messages:
             return Response(loaded(data.model, chat=True))
         if any(m.images for m in data.messages):
@@ -190,9 +209,7 @@ class OllamaController(Controller):
 
     @post("/generate", status_code=200, summary="Completion of a prompt (NDJSON lines unless stream is false)")
     async def generate(self, request: Request[Any, Any, Any], data: GenerateRequest) -> Response[Any]:
-        ctx = await request_context(request)
-        gateway = gateway_of(request)
-        route = route_request(gateway, data.model, ctx, "llm")
+        ctx, gateway, route = await routed(request, data, "llm")
         if not data.prompt and not data.context:
             return Response(loaded(data.model, chat=False))
         if data.images:
@@ -215,9 +232,7 @@ class OllamaController(Controller):
         inputs = [data.input] if isinstance(data.input, str) else list(data.input)
         if not inputs:
             raise BadRequest("input is empty")
-        ctx = await request_context(request)
-        gateway = gateway_of(request)
-        route = route_request(gateway, data.model, ctx, "embedding")
+        ctx, gateway, route = await routed(request, data, "embedding")
         if data.dimensions is not None and data.dimensions != gateway.embedders[route.model].dim:
             raise BadRequest(f"model {route.model!r} gives {gateway.embedders[route.model].dim} dimensions")
         if not data.truncate:  # Ollama's option: the default (true) cuts a long input, false refuses it
@@ -228,8 +243,7 @@ class OllamaController(Controller):
 
     @post("/embeddings", status_code=200, summary="Embedding of one text (legacy endpoint)")
     async def embeddings(self, request: Request[Any, Any, Any], data: EmbeddingsRequest) -> dict[str, Any]:
-        ctx = await request_context(request)
-        route = route_request(gateway_of(request), data.model, ctx, "embedding")
+        ctx, _, route = await routed(request, data, "embedding")
         if not data.prompt:
             return {"embedding": []}
         result = await run_embedding(request, route, [data.prompt], ctx)

@@ -38,6 +38,7 @@ from homeai.api.openai_schemas import (
 from homeai.api.serving import (
     Generation,
     chat_prompt_ids,
+    check_prompt_fits,
     check_token_ids,
     class_tool_choice_of,
     compile_constraint,
@@ -88,10 +89,11 @@ def usage(gen: Generation) -> Usage:
 
 async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_tokens: int | None,
                 prompt: Any, constraint: Callable[[], tuple[Constraint, str] | None] | None = None,
-                logprobs: int | None = None) -> Generation:
+                logprobs: int | None = None, fields: tuple[str, str] = ("messages", "max_tokens")) -> Generation:
     """Route, tokenize, queue; returns once the first token is out (or raises the HTTP error).
     ``constraint``: the output's grammar and the request field it came from (named by a 400), asked
-    for once ``prompt`` has run (a class may decide it)."""
+    for once ``prompt`` has run (a class may decide it). ``fields``: the request's names of the prompt and
+    of its output limit, which a 400 about their length names."""
     if data.n != 1:
         raise BadRequest("only n=1 is supported", param="n")
     ctx = await request_context(request, data.user)
@@ -99,6 +101,7 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
     route = route_request(gateway, data.model, ctx, "llm")
     prompt_ids = await prompt(gateway, route)
     params = sampling_params(data, default_max_tokens(gateway, route, prompt_ids, max_tokens))
+    check_prompt_fits(gateway, route, prompt_ids, params.max_tokens, *fields)
     params.logprobs = logprobs
     sourced = constraint() if constraint is not None else None
     if sourced is not None:
@@ -200,8 +203,9 @@ class OpenAIController(Controller):
             plan = shape.plan
             return await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
 
+        limit = "max_completion_tokens" if data.max_completion_tokens else "max_tokens"
         gen = await start(request, data, "chat", data.max_completion_tokens or data.max_tokens, prompt,
-                          lambda: shape.constraint, logprobs)
+                          lambda: shape.constraint, logprobs, ("messages", limit))
         plan = shape.plan
         if data.stream:
             include = bool(data.stream_options and data.stream_options.include_usage)
@@ -227,7 +231,8 @@ class OpenAIController(Controller):
                 return list(raw)
             raise BadRequest("prompt must be a string or a list of token ids (one prompt: n=1)", param="prompt")
 
-        gen = await start(request, data, "completion", data.max_tokens, prompt, logprobs=data.logprobs)
+        gen = await start(request, data, "completion", data.max_tokens, prompt, logprobs=data.logprobs,
+                          fields=("prompt", "max_tokens"))
         echo = data.prompt if data.echo and isinstance(data.prompt, str) else ""
         if data.stream:
             include = bool(data.stream_options and data.stream_options.include_usage)

@@ -1,7 +1,8 @@
 """POST /v1/responses: OpenAI's Responses API, which Home Assistant's OpenAI integration speaks.
 
-Stateless: ``previous_response_id`` and ``store`` are accepted, nothing is stored, and each call sends
-its whole conversation as ``input``. Function tools are called as in chat completions
+Stateless: nothing is stored, and each call sends its whole conversation as ``input`` (``store`` is
+accepted and answered ``false``); a ``previous_response_id`` names a response this server does not have,
+so it is a 400 naming the field, as OpenAI answers an unknown one. Function tools are called as in chat completions
 (``homeai.api.tools``): each call is a ``function_call`` output item, and ``function_call_output`` input
 items bring the results back. ``text.format`` json_object / json_schema constrain the text.
 Streaming sends the typed events (``response.created`` ... ``response.completed``) the SDK expects.
@@ -150,6 +151,10 @@ class ResponsesController(Controller):
 
     @post("/responses", status_code=200, summary="Responses API (typed SSE events when stream is true)")
     async def responses(self, request: Request[Any, Any, Any], data: ResponsesRequest) -> Response[Any]:
+        if data.previous_response_id is not None:
+            raise BadRequest(f"previous response {data.previous_response_id!r} not found: this server stores no "
+                             "responses; send the whole conversation as input", param="previous_response_id",
+                             code="previous_response_not_found")
         messages = input_messages(data)
         shape = response_shape(data, "auto")  # a 400 before anything else; the class may change it
 
@@ -160,7 +165,7 @@ class ResponsesController(Controller):
             return await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
 
         gen = await start(request, _AsSampling(data), "responses", data.max_output_tokens, prompt,
-                          lambda: shape.constraint)
+                          lambda: shape.constraint, fields=("input", "max_output_tokens"))
         plan = shape.plan
         reply = _Reply(gen, data, plan)
         if data.stream:

@@ -91,13 +91,50 @@ def normalize_model(model: str | None) -> str | None:
 
 
 def route_request(gateway: Gateway, model: str | None, ctx: RequestContext, kind: str) -> Route:
-    """Pick the class and model; a served model of the other kind (an LLM on /embeddings) is a 400."""
+    """Pick the class and model; a served model of the other kind (an LLM on /embeddings) is a 400, and
+    so is a priority level the class does not have."""
     model = normalize_model(model)
     if model in gateway.llms and kind != "llm":
         raise BadRequest(f"model {model!r} is an LLM, not an embedding model", param="model")
     if model in gateway.embedders and kind != "embedding":
         raise BadRequest(f"model {model!r} is an embedding model, not an LLM", param="model")
-    return gateway.route(model, ctx.class_name, kind, ctx.user)
+    route = gateway.route(model, ctx.class_name, kind, ctx.user)
+    check_priority(gateway, route, ctx.priority_level)
+    return route
+
+
+def check_priority(gateway: Gateway, route: Route, level: int | None) -> None:
+    """X-HomeAI-Priority must be one of the class's levels (1 is served first); before, -1 was a 500 and 99
+    queued at the lowest level."""
+    if level is None:
+        return
+    levels = gateway.policy.classes[route.class_name].priority_levels
+    if not 1 <= level <= levels:
+        raise BadRequest(f"header X-HomeAI-Priority must be from 1 to {levels} in class {route.class_name!r}, "
+                         f"got {level}", param=HEADER_PRIORITY)
+
+
+def check_prompt_fits(gateway: Gateway, route: Route, prompt_ids: list[int], max_tokens: int, field: str,
+                      max_tokens_field: str) -> None:
+    """The engine's and the class's limits on a prompt, checked before it is queued, as a 400 naming the
+    field (``messages``, ``prompt``, ``input``...): a refused request never reaches the engine or its meter."""
+    engine = gateway.llm(route.model)
+    n, limit = len(prompt_ids), engine.max_model_len
+    if n == 0:
+        raise BadRequest(f"{field} is empty: the prompt has no tokens", param=field)
+    if n >= limit:
+        raise BadRequest(f"{field} has {n} tokens; the context holds {limit} (prompt + at least 1 output token)",
+                         param=field, code="context_length_exceeded")
+    cp = gateway.policy.classes[route.class_name]
+    if cp.max_prompt_tokens and n > cp.max_prompt_tokens:
+        raise BadRequest(f"{field} has {n} tokens; class {route.class_name!r} allows {cp.max_prompt_tokens}",
+                         param=field, code="context_length_exceeded")
+    bm = engine.scheduler.block_manager
+    out = min(max_tokens, cp.max_output_tokens or max_tokens, limit - n)
+    if bm.blocks_needed(n + out) > bm.num_blocks:
+        param = field if bm.blocks_needed(n + 1) > bm.num_blocks else max_tokens_field
+        raise BadRequest(f"{field} ({n} tokens) + {max_tokens_field} ({out}) exceed the KV cache "
+                         f"({bm.num_blocks * bm.block_size} tokens)", param=param, code="context_length_exceeded")
 
 
 def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:

@@ -1,6 +1,8 @@
 """Structured output as the clients ask for it: OpenAI ``response_format`` and Ollama ``format``, turned
 into the engine's grammar constraint and the field it came from (which a 400 names if the grammar cannot
-be compiled). Anything we cannot honour is a 400 naming the field."""
+be compiled). Anything we cannot honour is a 400 naming the field, and so is a schema keyword the grammar
+would silently drop (``not``, ``if``/``then``/``else``): ``{"not": {}}``, which nothing satisfies, was
+served as "any JSON", and answered ``null``."""
 
 from __future__ import annotations
 
@@ -14,9 +16,46 @@ JSON_OBJECT = Constraint(ConstraintKind.JSON_OBJECT)
 Sourced = tuple[Constraint, str]  # a constraint and the request field it came from
 
 
+UNENFORCED = ("not", "if", "then", "else")  # xgrammar ignores these: the output would not follow them
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = ("items", "additionalProperties", "contains", "propertyNames", "additionalItems",
+                "unevaluatedItems", "unevaluatedProperties")
+
+
+def unenforced_keyword(schema: Any, at: str = "") -> str | None:
+    """Where in ``schema`` the first keyword the grammar cannot enforce is (``properties.a.not``), or None.
+    Only schema positions are walked: an ``enum`` or ``const`` value may hold any key."""
+    if not isinstance(schema, dict):
+        return None
+    for key in UNENFORCED:
+        if key in schema:
+            return f"{at}{key}"
+    children: list[tuple[str, Any]] = []
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            children += [(f"{key}.{name}", sub) for name, sub in schema[key].items()]
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            children += [(f"{key}[{i}]", sub) for i, sub in enumerate(schema[key])]
+    for key in _SCHEMA_ONES:
+        value = schema.get(key)
+        children += [(f"{key}[{i}]", sub) for i, sub in enumerate(value)] if isinstance(value, list) else [(key, value)]
+    for path, sub in children:
+        found = unenforced_keyword(sub, f"{at}{path}.")
+        if found is not None:
+            return found
+    return None
+
+
 def schema_constraint(schema: Any, field: str) -> Sourced:
     if not isinstance(schema, dict | bool):
         raise BadRequest("a JSON Schema must be an object", param=field)
+    where = unenforced_keyword(schema)
+    if where is not None:
+        keyword = where.rpartition(".")[2]
+        raise BadRequest(f"JSON Schema keyword {keyword!r} (at {where}) cannot be enforced while the answer is "
+                         "generated; write the schema without it", param=field)
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True)), field
 
 

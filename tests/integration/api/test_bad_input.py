@@ -47,7 +47,7 @@ def test_malformed_json_and_wrong_types_name_the_problem(http: httpx.Client) -> 
 def test_prompt_longer_than_the_context(http: httpx.Client) -> None:
     long = [{"role": "user", "content": "hello " * 2100}]
     error = openai_error(http.post("/v1/chat/completions", json={"model": LLM, "messages": long}), 400)
-    assert "tokens" in error["message"] and "2048" in error["message"]
+    assert "tokens" in error["message"] and "2048" in error["message"] and error["param"] == "messages"
     ollama = http.post("/api/generate", json={"model": LLM, "prompt": "hello " * 2100})
     assert ollama.status_code == 400 and "2048" in ollama.json()["error"]
 

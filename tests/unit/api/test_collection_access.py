@@ -1,5 +1,7 @@
 """Issue 10 item 7: any key could search any collection, including one an admin built from a system
-folder. Now a collection has an owner (whoever created its index job) and a list of readers.
+folder. Now a collection has an owner (whoever created its index job) and a list of readers. Issue 21: a
+collection a key may not search answers as one that does not exist (404, the same body), so a plain key
+cannot probe for names.
 
 The real routers and guard on a tmp SQLite store with keys; no gateway, so a search that passes the
 access check answers 503 (it would embed the query next): 503 means "allowed", 403 "refused".
@@ -36,7 +38,7 @@ QUERY = {"collection": "family", "query": "where are the passports?", "k": 3}
 async def client(store: Store, tmp_path: Path) -> AsyncIterator[AsyncTestClient[Litestar]]:
     state = State({"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store,
                    "jobs": JobManager(store, lambda: None), "search": SearchIndex(store.collections),
-                   "gateway": None, "settings": Settings(data_dir=tmp_path)})
+                   "gateway": None, "settings": Settings(data_dir=tmp_path, job_roots=(tmp_path,))})
     app = Litestar(route_handlers=[jobs_router, collections_router], guards=[authenticate], state=state,
                    exception_handlers={Exception: exception_handler})
     async with AsyncTestClient(app=app) as c:
@@ -69,17 +71,19 @@ async def test_owner_readers_and_admins_may_search(client: AsyncTestClient[Any],
     assert access is not None and access.owner == "dad" and access.readers == ()
     assert (await client.post("/v1/search", json=QUERY, headers=bearer(admin))).status_code == 503
     r = await client.post("/v1/search", json=QUERY, headers=bearer(alice))
-    assert r.status_code == 403 and r.json()["error"]["param"] == "collection"
+    assert r.status_code == 404 and r.json()["error"]["param"] == "collection"
     assert (await client.post("/v1/search", json={**QUERY, "collection": "nope"},
                               headers=bearer(alice))).status_code == 404
     assert (await client.get("/v1/collections", headers=bearer(alice))).json() == {"collections": []}
     # only the owner or an admin shares it
     r = await client.put("/v1/collections/family/readers", json={"users": ["alice"]}, headers=bearer(bob))
-    assert r.status_code == 403
+    assert r.status_code == 404
     r = await client.put("/v1/collections/family/readers", json={"users": ["alice"]}, headers=bearer(admin))
     assert r.status_code == 200 and r.json() == {"name": "family", "owner": "dad", "readers": ["alice"]}
     assert (await client.post("/v1/search", json=QUERY, headers=bearer(alice))).status_code == 503
-    assert (await client.post("/v1/search", json=QUERY, headers=bearer(bob))).status_code == 403
+    assert (await client.post("/v1/search", json=QUERY, headers=bearer(bob))).status_code == 404
+    r = await client.put("/v1/collections/family/readers", json={"users": []}, headers=bearer(alice))
+    assert r.status_code == 403  # a reader knows it exists; only its owner or an admin shares it
     listed = (await client.get("/v1/collections", headers=bearer(alice))).json()["collections"]
     assert [c["name"] for c in listed] == ["family"]
     r = await client.put("/v1/collections/family/readers", json={"users": ["*"]}, headers=bearer(admin))
@@ -87,6 +91,19 @@ async def test_owner_readers_and_admins_may_search(client: AsyncTestClient[Any],
     assert (await client.post("/v1/search", json=QUERY, headers=bearer(bob))).status_code == 503
     assert (await client.put("/v1/collections/nope/readers", json={"users": []},
                              headers=bearer(admin))).status_code == 404
+
+
+async def test_someone_elses_collection_looks_missing(client: AsyncTestClient[Any], store: Store) -> None:
+    """Before: 403 for a collection that exists, 404 for one that does not; a plain key could list names."""
+    await store.collections.ensure("dads-taxes", owner="dad")
+    alice, _ = await store.keys.create("alice")
+    theirs = await client.post("/v1/search", json={**QUERY, "collection": "dads-taxes"}, headers=bearer(alice))
+    missing = await client.post("/v1/search", json={**QUERY, "collection": "nope"}, headers=bearer(alice))
+    assert theirs.status_code == missing.status_code == 404
+    assert theirs.json()["error"] == {**missing.json()["error"], "message": "no collection named 'dads-taxes'"}
+    for name in ("dads-taxes", "nope"):
+        r = await client.put(f"/v1/collections/{name}/readers", json={"users": ["alice"]}, headers=bearer(alice))
+        assert r.status_code == 404 and r.json()["error"]["message"] == f"no collection named {name!r}"
 
 
 async def test_an_existing_collection_keeps_its_owner(store: Store) -> None:
