@@ -61,6 +61,7 @@ class LLMClassState:
     served_tokens: int = 0  # all-time, for stats: tokens computed, recomputed ones included
     wasted_tokens: int = 0  # all-time: computed tokens a preemption threw away (computed again later)
     bucket: ShareBucket = field(default_factory=lambda: ShareBucket(0.0, 0.0))  # min_share credit, tokens
+    retired: str | None = None  # why a policy swap took the class off this scheduler (it drains, then goes)
 
     @property
     def rank(self) -> int:
@@ -99,7 +100,14 @@ class ClassScheduler(MinShareMixin, StepScheduler):
 
     # ---- policy ----------------------------------------------------------------------------------
     def apply_policy(self, policy: Policy) -> None:
-        """Swap limits atomically: queued requests keep their place; new limits apply from the next step."""
+        """Swap limits atomically: queued requests keep their place; new limits apply from the next step.
+
+        A class the new policy no longer serves here (removed, now an embedding class, or moved to
+        another model) is retired: ``add`` refuses it, its targets stop sizing steps, its queued
+        requests that never ran are rejected at once with the reason (``drain_rejected``), and what
+        already ran (running, or preempted and waiting to resume) finishes, under the class's new
+        limits where it still has some (a class moved to another model), else its last ones. Then it
+        goes. A class that comes back while it drains is served again."""
         with self.lock:
             self.policy = policy
             self.max_num_batched_tokens = policy.scheduler.max_num_batched_tokens
@@ -112,10 +120,51 @@ class ClassScheduler(MinShareMixin, StepScheduler):
                     self.classes[name] = LLMClassState(name, cp, ClassQueue(name, cp),
                                                        VirtualTokenCounter.from_policy(policy, name))
                 else:
-                    state.policy = cp
-                    state.queue.set_policy(cp)
-                    state.vtc.apply_policy(policy, name)
-            self._top_rank = min((s.rank for s in self.classes.values()), default=0)
+                    self._refresh(state, policy)
+                    state.retired = None
+            for name, state in self.classes.items():
+                reason = self._retired_reason(name, policy)
+                if reason is not None and state.retired is None:
+                    if name in policy.classes and policy.classes[name].kind == "llm":
+                        self._refresh(state, policy)  # moved to another model: its new limits hold here too
+                    state.retired = reason
+                    self._reject_unstarted(state)
+            self._drop_retired()
+            self._top_rank = min((s.rank for s in self.classes.values() if s.retired is None), default=0)
+
+    def _refresh(self, state: LLMClassState, policy: Policy) -> None:
+        cp = policy.classes[state.name]
+        state.policy = cp
+        state.queue.set_policy(cp)
+        state.vtc.apply_policy(policy, state.name)
+
+    def _retired_reason(self, name: str, policy: Policy) -> str | None:
+        cp = policy.classes.get(name)
+        if cp is None:
+            return f"class {name!r} was removed by a policy change"
+        if cp.kind != "llm":
+            return f"class {name!r} is now an embedding class"
+        if self.model is not None and cp.model != self.model:
+            return f"class {name!r} now runs on model {cp.model!r}, not {self.model!r}"
+        return None
+
+    def _reject_unstarted(self, state: LLMClassState) -> None:
+        """Reject the queued requests of a retired class that never ran (nothing was streamed yet)."""
+        for item in list(state.queue):
+            seq: Sequence = item.payload
+            if seq.num_preemptions or seq.num_output_tokens:
+                continue  # it streamed already: it resumes and finishes
+            state.queue.cancel(item.request_id)
+            if state.queue.num_queued_for(seq.user) == 0:
+                state.vtc.on_drained(seq.user)
+            seq.error = state.retired
+            seq.finish(SequenceStatus.FINISHED_ABORTED)
+            self.seqs.pop(seq.seq_id, None)
+            self.rejected.append(seq)
+
+    def _drop_retired(self) -> None:
+        for name in [n for n, s in self.classes.items() if s.retired and not s.num_running and not len(s.queue)]:
+            del self.classes[name]
 
     # ---- requests --------------------------------------------------------------------------------
     @property
@@ -134,9 +183,11 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         ``now`` lets a simulator stamp the true arrival of a request that came in during a step."""
         with self.lock:
             state = self.classes.get(seq.class_name)
-            if state is None:
-                raise UnknownClassError(f"class {seq.class_name!r} is not an LLM class of this model; "
-                                        f"known: {sorted(self.classes)}")
+            if state is None or state.retired is not None:
+                known = sorted(n for n, s in self.classes.items() if s.retired is None)
+                why = state.retired if state is not None else \
+                    f"class {seq.class_name!r} is not an LLM class of this model"
+                raise UnknownClassError(f"{why}; known: {known}")
             item = QueuedItem(seq.request_id, seq.user, priority_level=seq.priority_level,
                               timeout_override_us=seq.timeout_us, cost=seq.num_prompt_tokens,
                               payload=seq)
@@ -181,6 +232,8 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         elif state is not None and state.queue.cancel(seq.request_id) is not None:
             if state.queue.num_queued_for(seq.user) == 0:
                 state.vtc.on_drained(seq.user)
+        if state is not None and state.retired:
+            self._drop_retired()  # its last request may have ended
 
     def next_wake_s(self, after: float | None = None) -> float | None:
         now = self.clock.now()
@@ -227,6 +280,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         with self.lock:
             now = self.clock.now()
             self._expire(now)
+            self._drop_retired()
             if any(s.num_running or len(s.queue) for s in self.classes.values() if not s.policy.background):
                 self.last_interactive_s = now
             self._interactive_now = self.interactive_active(now)
@@ -281,10 +335,11 @@ class ClassScheduler(MinShareMixin, StepScheduler):
     def step_token_budget(self) -> int:
         """This step's token budget, sized by the interactive classes' latency targets on this device's
         fitted step cost (see ``step_budget``); the configured maximum when no class has targets."""
-        targets = [ClassTargets(c.policy.targets.ttft_ms / 1000 if c.policy.targets.ttft_ms else None,
+        # A retired class's running sequences keep their ITL target; no request of it can arrive any more.
+        targets = [ClassTargets(c.policy.targets.ttft_ms / 1000 if c.policy.targets.ttft_ms and not c.retired else None,
                                 c.policy.targets.itl_ms / 1000 if c.policy.targets.itl_ms else None,
                                 running=c.num_running > 0, active=self._interactive_now)
-                   for c in self.classes.values() if not c.policy.background]
+                   for c in self.classes.values() if not c.policy.background and (not c.retired or c.num_running)]
         return step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
 
     def _room(self, plan: StepPlan) -> int:
