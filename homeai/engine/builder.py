@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
 from homeai.runtime.decode_graph import CompiledDecode, should_compile
 from homeai.runtime.device import choose_device, in_passing_thread, parse_dtype
+from homeai.runtime.fast_tokenizer import load_fast_tokenizer
 from homeai.runtime.grammar import GrammarCache
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
@@ -43,6 +44,12 @@ class EngineConfig:
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The folder's fast tokenizer (tokenizer.json: every GGUF or Ollama pull writes one) without
+    AutoTokenizer, whose import alone keeps ~95 MB resident; AutoTokenizer for folders without one."""
+    if (folder / "tokenizer.json").is_file():
+        return load_fast_tokenizer(folder)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(folder))
 
 

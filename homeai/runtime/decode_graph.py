@@ -39,6 +39,9 @@ from homeai.runtime.sampler import GreedyPick, greedy_pick
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # compiled in this order: one stream and small batches come first
+# On a CPU a step of more than 16 rows is mostly matmul time, where compiling the ops between them buys
+# little; those buckets would cost minutes of compiling and resident graphs for it. They run eager.
+CPU_BUCKETS = (1, 2, 4, 8, 16)
 COMPILE_MODES = ("auto", "on", "off")
 SMALL_CPU_CORES = 4  # up to this many: Inductor compiles in this thread alone, no pool of compiler workers
 
@@ -148,7 +151,7 @@ class CompiledDecode:
     """The compiled decode path of one model and its KV cache; ``run`` serves a ready bucket."""
 
     def __init__(self, model: LlamaModel, cache: KVCache, max_model_len: int, max_batch: int = 64,
-                 cache_dir: Path | None = None, buckets: tuple[int, ...] = BUCKETS,
+                 cache_dir: Path | None = None, buckets: tuple[int, ...] | None = None,
                  static_context: bool | None = None) -> None:
         self.model = model
         self.cache = cache
@@ -156,8 +159,11 @@ class CompiledDecode:
         self.static_context = model.device.type == "cuda" if static_context is None else static_context
         bs = cache.block_size
         self.max_context = -(-max_model_len // bs) * bs
+        if buckets is None:
+            buckets = BUCKETS if model.device.type == "cuda" else CPU_BUCKETS
         fitting = [b for b in buckets if b < max_batch]
-        self.buckets = tuple(fitting + [next((b for b in buckets if b >= max_batch), max_batch)])
+        top = next((b for b in buckets if b >= max_batch), None)  # the smallest that holds a full batch
+        self.buckets = tuple(fitting + ([top] if top is not None else []))
         angles = torch.view_as_real(model.rope_table)
         self._cos, self._sin = angles[..., 0].contiguous(), angles[..., 1].contiguous()
         self._ready: set[int] = set()

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerFast
+
+from homeai.runtime.fast_tokenizer import load_fast_tokenizer
 
 DEFAULT_BATCH_SIZE = 32
 _POOLING_MODES = ("mean", "cls")
@@ -72,9 +74,7 @@ class Embedder:
     ) -> Embedder:
         """Load weights and the fast tokenizer from `folder` onto `device` in `dtype`, ready for inference."""
         folder = Path(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=True)
-        if not tokenizer.is_fast:
-            raise ValueError(f"{folder}: no fast tokenizer (tokenizer.json) found")
+        tokenizer = load_fast_tokenizer(folder)
         model = AutoModel.from_pretrained(folder)  # cast after loading: `dtype=` kwarg differs by version
         model.to(device=device, dtype=dtype).eval()
         model_max = _model_max_length(folder, model, tokenizer)

@@ -6,6 +6,9 @@ blocks; this module only stores and fetches by slot, so the two never disagree a
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 
@@ -22,7 +25,8 @@ class KVCache:
         num_slots = (num_blocks + 1) * block_size
         # keys and values of a slot side by side: the layout of the k|v half of a fused qkv projection,
         # so a layer writes both with one index_copy and reads both with one index_select.
-        self.kv = torch.zeros(num_layers, num_slots, 2, num_kv_heads, head_dim, device=device, dtype=dtype)
+        shape = (num_layers, num_slots, 2, num_kv_heads, head_dim)
+        self.kv = _lazy_zeros(shape, dtype) if device.type == "cpu" else torch.zeros(shape, device=device, dtype=dtype)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -37,3 +41,13 @@ class KVCache:
     def gather(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """Keys and values at ``slots`` (any shape S), as S + [2, kv_heads, head_dim]."""
         return self.kv[layer].index_select(0, slots.reshape(-1)).view(*slots.shape, *self.kv.shape[2:])
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros whose pages the OS hands out on first write: calloc maps large blocks as zero pages, so the
+    pool costs resident memory only as sequences fill it (``torch.zeros`` writes every byte at start: the
+    whole pool resident from the first second). Reads of untouched slots see zeros, as before."""
+    numel = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(numel * itemsize, dtype=np.uint8)  # numpy's zeros is calloc
+    return torch.from_numpy(raw).view(dtype).view(shape)

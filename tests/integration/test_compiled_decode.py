@@ -132,8 +132,10 @@ def test_runner_greedy_outputs_identical_compiled_and_eager(model: LlamaModel, p
 
 def test_bucket_choice_and_auto_rule(model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
     _, runner = make_stack(model)
-    compiled = CompiledDecode(model, runner.cache, max_model_len=256, max_batch=40)
+    compiled = CompiledDecode(model, runner.cache, max_model_len=256, max_batch=40, buckets=decode_graph.BUCKETS)
     assert compiled.buckets == (1, 2, 4, 8, 16, 32, 64)  # 64 covers a batch of 40
+    on_cpu = CompiledDecode(model, runner.cache, max_model_len=256, max_batch=64)
+    assert on_cpu.buckets == decode_graph.CPU_BUCKETS  # above 16 rows a CPU step stays eager
     assert compiled.bucket_for(3) is None  # nothing compiled yet: eager
     compiled._ready.add(4)
     assert compiled.bucket_for(3) == 4 and compiled.bucket_for(5) is None
