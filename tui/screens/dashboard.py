@@ -88,14 +88,27 @@ class PersonRow(Horizontal):
 
 
 def device_line(model: str, d: dict[str, Any], width: int = 14) -> Text:
-    """KV usage as a bar, then steps/s, the last batch and preemptions."""
+    """KV usage as a bar, then steps/s, the last batch and preemptions; then what the model runs: its
+    weight format and how many decode buckets are compiled (steps of the others run eager)."""
     name = model if len(model) <= width else model[: width - 1] + "…"
     preempt = int(d.get("preemptions", 0))
-    return Text.assemble((f"{name:<{width}} ", "bold"), "KV ", bar(d.get("kv_usage"), 16),
+    line = Text.assemble((f"{name:<{width}} ", "bold"), "KV ", bar(d.get("kv_usage"), 16),
                          f" {100 * float(d.get('kv_usage') or 0):3.0f}%", (" · ", DIM),
                          f"{float(d.get('steps_per_s') or 0):.1f} steps/s", (" · batch ", DIM),
                          f"{d.get('last_batch_tokens', 0)}t/{d.get('last_batch_seqs', 0)}s",
                          (" · ", DIM), (f"{preempt} preempt", BAD if preempt else DIM))
+    if "weights" in d:
+        line.append(" · ", DIM).append(str(d["weights"]) if d["weights"] != "none" else str(d.get("dtype", "float")))
+    compiled = d.get("compiled_decode")
+    if isinstance(compiled, dict):
+        ready, buckets = len(compiled.get("ready") or []), len(compiled.get("buckets") or [])
+        if compiled.get("failed"):
+            line.append(" · eager (compile failed)", BAD)
+        else:
+            line.append(f" · compiled {ready}/{buckets}", DIM if ready < buckets else "")
+    elif "weights" in d:
+        line.append(" · eager", DIM)
+    return line
 
 
 class DashboardScreen(Screen[None]):
