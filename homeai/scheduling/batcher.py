@@ -14,6 +14,14 @@ Order of preference:
    under the tightest ITL target): background work fills idle capacity, including the gaps between
    decode steps, without making anyone's tokens late;
 5. otherwise the LLM step.
+
+Every embedding batch, interactive or background, is cut to what the interactive LLM classes' latency
+targets bear, as the planner cuts LLM steps (``step_budget``): its duration, predicted by a cost model of
+the embedding model fitted online (``seconds = base_s + per_token_s * tokens``), stays within the rest
+of the tightest running ITL target after an LLM step while an interactive class decodes, and within a
+fraction of the tightest TTFT target otherwise (a voice request may arrive during it, after a quiet
+spell too). A flood of long inputs thus takes turns with voice's tokens in short batches instead of
+second-long ones.
 """
 
 from __future__ import annotations
@@ -28,13 +36,20 @@ from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
 from homeai.scheduling.share_bucket import ShareBucket
-from homeai.scheduling.step_budget import ITL_STEP_FRACTION
+from homeai.scheduling.step_budget import (
+    ITL_STEP_FRACTION,
+    QUIET_TTFT_STEP_FRACTION,
+    TTFT_STEP_FRACTION,
+    StepCostModel,
+)
 
 SHARE_WINDOW_S = 5.0
 INTERACTIVE_HORIZON_S = 10.0
 BACKGROUND_BATCH_TTFT_FRACTION = 0.05  # a background batch may cost this much of the tightest TTFT target
 ITL_SLACK_FRACTION = 0.95  # use at most this much of the tightest ITL target for background batches
 SHARE_BURST_S = 1.0  # a background class's share credit holds at most this long at its share's rate
+# A small sentence encoder on a CPU (the simulator's cpu-135m figures) until measured batches refit it.
+DEFAULT_EMBED_COST = (0.004, 0.00015)  # (base_s, per_token_s)
 
 
 @dataclass(slots=True)
@@ -49,8 +64,14 @@ LLM_STEP = "llm"
 class Batcher:
     """Chooses the device's next piece of work (see the module docstring)."""
 
-    def __init__(self, policy: Policy, llm: StepScheduler | None, clock: Clock | None = None) -> None:
+    def __init__(self, policy: Policy, llm: StepScheduler | None, clock: Clock | None = None,
+                 embed_cost: StepCostModel | None = None) -> None:
         self.llm = llm
+        # Per embedding model: a batch's duration by its tokens, seeded (a calibration, a profile) and
+        # fitted on every batch the device runs.
+        self._embed_seed = embed_cost or StepCostModel(*DEFAULT_EMBED_COST)
+        self._embed_cost: dict[str, StepCostModel] = {}
+        self._taken_tokens: dict[str, int] = {}  # class -> tokens of the batch last handed out
         self.clock = clock or MonotonicClock()
         self.lock = threading.RLock()  # as the scheduler's: the device thread owns the batcher
         self.embed_queues: dict[str, ClassQueue] = {}
@@ -137,8 +158,9 @@ class Batcher:
 
     def _ready_embedding(self, now: float) -> tuple[list[str], list[str]]:
         interactive, background = [], []
+        max_s = self._batch_limit_s(now)
         for name, q in sorted(self.embed_queues.items(), key=lambda kv: kv[1].policy.priority):
-            ready = q.next_ready_at(now)
+            ready = q.next_ready_at(now, max_cost=self._max_tokens(q, max_s))
             if ready is not None and ready <= now:
                 (background if q.policy.background else interactive).append(name)
         return interactive, background
@@ -148,11 +170,42 @@ class Batcher:
         cap = self._background_cap(q, now)
         if force:
             cap = min(cap or q.policy.max_batch_size, self._slack_items(q, now))
-        items = q.form_batch(now, cap, force=force or cap is not None)
+        max_cost = self._max_tokens(q, self._batch_limit_s(now))
+        items = q.form_batch(now, cap, force=force or cap is not None, max_cost=max_cost)
         if not items:
             return None
         self._last_was_embed = True
+        self._taken_tokens[name] = sum(item.cost for item in items)
         return EmbedWork(name, items)
+
+    def _batch_limit_s(self, now: float) -> float | None:
+        """How long an embedding batch may last now, as LLM steps are sized: while an interactive class
+        decodes, what its tightest ITL target leaves after an LLM step (1 - ITL_STEP_FRACTION of it);
+        within TTFT_STEP_FRACTION of the tightest interactive TTFT target while interactive work is
+        active, QUIET_TTFT_STEP_FRACTION when it is not (its next request may come at any moment).
+        None: no interactive LLM class has targets."""
+        if self.llm is None:
+            return None
+        limits = [(1.0 - ITL_STEP_FRACTION) * t for t in self._running_itl_targets_s()]
+        ttft = [cp.targets.ttft_ms / 1000.0 for cp in self.policy.classes.values()
+                if cp.kind == "llm" and not cp.background and cp.targets.ttft_ms]
+        if ttft:
+            fraction = TTFT_STEP_FRACTION if self.llm.interactive_active(now) else QUIET_TTFT_STEP_FRACTION
+            limits.append(fraction * min(ttft))
+        return min(limits) if limits else None
+
+    def _max_tokens(self, q: ClassQueue, limit_s: float | None) -> int | None:
+        """The tokens a batch of ``q`` may hold to last at most ``limit_s`` on its model's fitted cost."""
+        if limit_s is None:
+            return None
+        return self._cost_model(q.policy.model).tokens_within(limit_s)
+
+    def _cost_model(self, model: str) -> StepCostModel:
+        cost = self._embed_cost.get(model)
+        if cost is None:
+            seed = self._embed_seed
+            cost = self._embed_cost[model] = StepCostModel(seed.base_s, seed.per_token_s)
+        return cost
 
     def _background_cap(self, q: ClassQueue, now: float) -> int | None:
         """While interactive classes are active, a background batch is cut to what costs at most
@@ -241,10 +294,14 @@ class Batcher:
                 self._last_llm_end_s = end_s
                 self._last_was_embed = False
             else:
+                tokens = self._taken_tokens.pop(what, 0)
                 if num_items and duration > 0:  # a batch whose callers all left ran nothing
                     per = duration / num_items
                     prev = self._per_item_s.get(what)
                     self._per_item_s[what] = per if prev is None else 0.8 * prev + 0.2 * per
+                    q = self.embed_queues.get(what)
+                    if q is not None and tokens:
+                        self._cost_model(q.policy.model).observe(tokens, duration)
 
     def next_wake_s(self, after: float | None = None) -> float | None:
         """The earliest time something may become ready (a delay window closing, a timeout); with

@@ -185,19 +185,19 @@ class ClassQueue:
         self._by_id.pop(item.request_id, None)
 
     # ---- embedding classes: Triton's dynamic batcher ----------------------------------------
-    def form_batch(self, now: float, max_size: int | None = None,
-                   force: bool = False) -> list[QueuedItem] | None:
+    def form_batch(self, now: float, max_size: int | None = None, force: bool = False,
+                   max_cost: int | None = None) -> list[QueuedItem] | None:
         """A batch from the head (level 1 first, arrival order within a level), or None if not ready.
 
         The largest preferred size that can be formed goes at once (max_batch_size when none are
         preferred); otherwise the batch waits until its oldest request has waited
-        max_queue_delay_microseconds, then goes as it is. ``max_size`` caps it (e.g. a budget).
-        ``force`` sends what is there before the window closes (a background class owed its share);
-        timeouts still apply at ``now``, never at the window's end (issue 9, finding 8).
+        max_queue_delay_microseconds, then goes as it is. ``max_size`` caps it (e.g. a budget), and so
+        does ``max_cost``: the inputs' ``cost`` (tokens) together, at least one input; a batch that
+        reaches a cap is full and goes at once. ``force`` sends what is there before the window closes
+        (a background class owed its share); timeouts still apply at ``now``, never at the window's end.
         """
         self._expire(now)
-        cap = self._cap(max_size)
-        cands = self._candidates(cap)
+        cap, cands = self._capped_candidates(max_size, max_cost)
         size = self._fire_size(cands, cap, now) or (len(cands) if force else 0)
         if not size:
             return None
@@ -215,6 +215,21 @@ class ClassQueue:
     def _cap(self, max_size: int | None) -> int:
         mbs = self._policy.max_batch_size
         return mbs if max_size is None else max(1, min(max_size, mbs))
+
+    def _capped_candidates(self, max_size: int | None, max_cost: int | None) -> tuple[int, list[QueuedItem]]:
+        """The batch's size cap and its candidates, both within ``max_cost`` (at least one input)."""
+        cap = self._cap(max_size)
+        cands = self._candidates(cap)
+        if max_cost is not None:
+            total, fits = 0, 0
+            for item in cands:
+                total += item.cost
+                if fits and total > max_cost:
+                    break
+                fits += 1
+            if fits < len(cands):
+                cap, cands = fits, cands[:fits]
+        return cap, cands
 
     def _candidates(self, cap: int) -> list[QueuedItem]:
         """The next batch's inputs: queue order, or with ``fairness`` set, counter order across users
@@ -256,7 +271,7 @@ class ClassQueue:
             return max(fits)
         return n if n >= cap else 0
 
-    def next_ready_at(self, now: float, max_size: int | None = None) -> float | None:
+    def next_ready_at(self, now: float, max_size: int | None = None, max_cost: int | None = None) -> float | None:
         """When ``form_batch`` (embedding) or admission (LLM) would go: ``now`` if ready, else the end
         of the delay window; None when empty. Timeouts are separate: see ``next_expiry_at``."""
         delay_s = self._policy.max_queue_delay_s
@@ -265,8 +280,7 @@ class ClassQueue:
             if oldest is None:
                 return None
             return now if self._window_open(now) else oldest + delay_s
-        cap = self._cap(max_size)
-        cands = self._candidates(cap)
+        cap, cands = self._capped_candidates(max_size, max_cost)
         if not cands:
             return None
         if self._fire_size(cands, cap, now):

@@ -75,7 +75,8 @@ class Simulator:
         # The planner's step-cost model starts from the profile, as `homeai bench calibrate` seeds a server.
         seed = StepCostModel(cost.base_s, cost.per_token_s + cost.per_seq_s)
         self.scheduler = ClassScheduler(self.block_manager, policy, self.clock, step_cost=seed)
-        self.batcher = Batcher(policy, self.scheduler, self.clock)
+        self.batcher = Batcher(policy, self.scheduler, self.clock,
+                               embed_cost=StepCostModel(cost.embed_base_s, cost.embed_per_token_s))
         self._ids = itertools.count()
         self.records: dict[str, RequestRecord] = {}
         self.processed: dict[str, int] = {}
