@@ -21,7 +21,8 @@ from homeai.jobs.pause_point import PAUSE_AFTER_FILES_ENV, PAUSE_MARKER_ENV
 def tui_server(pulled_models: dict[str, Path], homeai_cache_dir: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data_dir = tmp_path_factory.mktemp("tui-server")
-    env = {PAUSE_AFTER_FILES_ENV: "1", PAUSE_MARKER_ENV: str(data_dir / "index-paused")}
+    env = {PAUSE_AFTER_FILES_ENV: "1", PAUSE_MARKER_ENV: str(data_dir / "index-paused"),
+           "HOMEAI_JOB_ROOTS": str(data_dir.parent)}  # the jobs screen indexes a folder in pytest's tmp
     with running_server(data_dir, homeai_cache_dir, env=env) as server:
         yield server
 

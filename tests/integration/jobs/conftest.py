@@ -32,9 +32,11 @@ def make_jobs_server(data_dir: Path, cache_dir: Path, env: dict[str, str] | None
     database_url = os.environ.get(TEST_DATABASE_URL_ENV)
     if database_url:
         empty_database(database_url)
-    # small indexing requests: many commits per run, so a kill lands between two of them
+    # small indexing requests: many commits per run, so a kill lands between two of them; the tests' folders
+    # lie in pytest's tmp (beside data_dir), outside the home folder index jobs may read by default
     return ServerProcess(data_dir, cache_dir, policy=POLICY, database_url=database_url,
-                         env={"HOMEAI_INDEX_BATCH_CHUNKS": "8", **(env or {})})
+                         env={"HOMEAI_INDEX_BATCH_CHUNKS": "8", "HOMEAI_JOB_ROOTS": str(data_dir.parent),
+                              **(env or {})})
 
 
 @pytest.fixture(scope="session")
