@@ -1,0 +1,68 @@
+"""Issue 21: the refusals that used to be a 500, a silent clamp or an answer of ``null`` are 400s naming the
+field, decided in the API before anything is queued (the model-backed versions are in
+tests/integration/api/test_web_pages.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from homeai.api.errors import BadRequest
+from homeai.api.serving import HEADER_PRIORITY, check_priority, check_prompt_fits
+from homeai.api.structured import ollama_format_constraint, response_format_constraint, unenforced_keyword
+from homeai.core.block_manager import BlockManager
+from homeai.engine.gateway import Route
+from homeai.policy.loader import load_policy
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "default.yaml"
+
+
+def fake_gateway(max_model_len: int = 2048, kv_blocks: int = 256) -> Any:
+    engine = SimpleNamespace(max_model_len=max_model_len,
+                             scheduler=SimpleNamespace(block_manager=BlockManager(kv_blocks, 16)))
+    return SimpleNamespace(policy=load_policy(DEFAULT_POLICY), llm=lambda model: engine)
+
+
+def test_priority_must_be_one_of_the_class_levels() -> None:
+    """Before: -1 raised ValueError in the class queue (a 500); 99 queued at the lowest level."""
+    gateway = fake_gateway()
+    chat = Route("smollm2-135m-instruct", "chat")  # priority_levels: 2 in the default policy
+    for level in (None, 1, 2):
+        check_priority(gateway, chat, level)
+    for level in (-1, 0, 3, 99):
+        with pytest.raises(BadRequest) as refused:
+            check_priority(gateway, chat, level)
+        assert refused.value.param == HEADER_PRIORITY and "from 1 to 2" in refused.value.message
+
+
+def test_a_prompt_too_long_names_its_field() -> None:
+    gateway, route = fake_gateway(max_model_len=2048, kv_blocks=64), Route("smollm2-135m-instruct", "chat")
+    check_prompt_fits(gateway, route, list(range(100)), 100, "messages", "max_tokens")
+    for n, field in ((2048, "messages"), (3000, "prompt"), (0, "input")):
+        with pytest.raises(BadRequest) as refused:
+            check_prompt_fits(gateway, route, list(range(n)), 16, field, "max_tokens")
+        assert refused.value.param == field
+    with pytest.raises(BadRequest) as refused:  # the KV cache (64 x 16 tokens) holds the prompt, not the answer
+        check_prompt_fits(gateway, route, list(range(1000)), 1000, "messages", "max_completion_tokens")
+    assert refused.value.param == "max_completion_tokens"
+
+
+def test_schema_keywords_the_grammar_drops_are_refused() -> None:
+    """Before: {"not": {}} (nothing satisfies it) compiled to "any JSON" and the model answered null."""
+    with pytest.raises(BadRequest) as refused:
+        response_format_constraint({"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}})
+    assert refused.value.param == "response_format.json_schema.schema" and "'not'" in refused.value.message
+    with pytest.raises(BadRequest) as refused:
+        ollama_format_constraint({"type": "object", "properties": {"a": {"if": {"type": "string"}}}})
+    assert refused.value.param == "format" and "properties.a.if" in refused.value.message
+    assert unenforced_keyword({"type": "array", "items": [{"type": "string"}, {"not": {"type": "null"}}]}) \
+        == "items[1].not"
+    nested = {"anyOf": [{"type": "string"}, {"$defs": {"x": {"else": {}}}}]}
+    assert unenforced_keyword(nested) == "anyOf[1].$defs.x.else"
+    # a property named "not", and data that holds the word, are fine
+    fine = {"type": "object", "properties": {"not": {"type": "string"}}, "enum": [{"not": 1}], "const": {"if": 2}}
+    assert unenforced_keyword(fine) is None
+    assert response_format_constraint({"type": "json_schema", "json_schema": {"name": "x", "schema": fine}})
