@@ -35,8 +35,9 @@ from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
-from homeai.scheduling.share_bucket import ShareBucket
+from homeai.scheduling.share_bucket import ShareLedger
 from homeai.scheduling.step_budget import (
+    INTERACTIVE_HORIZON_S,
     ITL_STEP_FRACTION,
     QUIET_TTFT_STEP_FRACTION,
     TTFT_STEP_FRACTION,
@@ -44,7 +45,6 @@ from homeai.scheduling.step_budget import (
 )
 
 SHARE_WINDOW_S = 5.0
-INTERACTIVE_HORIZON_S = 10.0
 BACKGROUND_BATCH_TTFT_FRACTION = 0.05  # a background batch may cost this much of the tightest TTFT target
 ITL_SLACK_FRACTION = 0.95  # use at most this much of the tightest ITL target for background batches
 SHARE_BURST_S = 1.0  # a background class's share credit holds at most this long at its share's rate
@@ -82,7 +82,7 @@ class Batcher:
         self._per_item_s: dict[str, float] = {}  # EWMA of a batch's duration per input, per class
         self._last_interactive_embed_s = float("-inf")
         self._expired: list[tuple[str, QueuedItem]] = []  # timed out while pushing, not yet reported
-        self._shares: dict[str, ShareBucket] = {}  # min_share credit of background classes, in seconds
+        self._shares = ShareLedger(SHARE_BURST_S)  # min_share credit of background classes, in seconds
         self._shares_at_s: float | None = None  # when the credits were last refilled
         self._forced: str | None = None  # the class whose batch is out on its share
         self.apply_policy(policy)
@@ -233,15 +233,9 @@ class Batcher:
         self._shares_at_s = now
         out = []
         for name, q in self.embed_queues.items():
-            cp = q.policy
-            if not cp.background or cp.min_share <= 0:
-                self._shares.pop(name, None)
-                continue
-            bucket = self._shares.setdefault(name, ShareBucket(cp.min_share, 0.0))
-            bucket.share = cp.min_share
-            bucket.set_capacity(cp.min_share * SHARE_BURST_S)
-            bucket.refill(elapsed, backlogged=len(q) > 0)
-            if len(q) and bucket.owed:  # the batch may overdraw: the credit then refills from below 0
+            share = q.policy.min_share if q.policy.background else 0.0
+            # a batch may overdraw: the credit then refills from below 0
+            if self._shares.refill(name, share, elapsed, 1.0, backlogged=len(q) > 0) and len(q):
                 out.append(name)
         return out
 
@@ -286,9 +280,8 @@ class Batcher:
                 self._busy.popleft()
             prev = self._cost_s.get(what)
             self._cost_s[what] = duration if prev is None else 0.8 * prev + 0.2 * duration
-            bucket = self._shares.get(what)
-            if bucket is not None:  # every batch counts against the share, forced or on idle capacity
-                bucket.charge(duration, forced=self._forced == what)
+            # every batch counts against the share, forced or on idle capacity
+            self._shares.charge(what, duration, forced=self._forced == what)
             self._forced = None
             if what == LLM_STEP:
                 self._last_llm_end_s = end_s

@@ -11,7 +11,7 @@ ends within the latency targets of the active interactive classes (``step_budget
    voice request is thus planned before a chat prompt's next chunk, which waits or gets what is left.
    They leave the owed background classes this step's share of the budget (and of the sequence
    slots), never more: a share is a rate, and a voice prompt never waits behind banked credit;
-3. background classes owed their ``min_share`` (a refilling bucket, ``min_share``) get that many
+3. background classes owed their ``min_share`` (refilling credit, ``min_share``) get that many
    tokens: their running prompts' chunks, then admissions;
 4. what is left, class by class in importance order (background fills idle capacity).
 
@@ -25,7 +25,7 @@ slot: it would take what that one waits for, and be preempted for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
@@ -35,11 +35,15 @@ from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
-from homeai.scheduling.min_share import MinShareMixin
-from homeai.scheduling.share_bucket import ShareBucket
-from homeai.scheduling.step_budget import MIN_STEP_TOKENS, ClassTargets, StepCostModel, step_token_budget
+from homeai.scheduling.min_share import ShareGuard, share_protected
+from homeai.scheduling.step_budget import (
+    INTERACTIVE_HORIZON_S,
+    MIN_STEP_TOKENS,
+    ClassTargets,
+    StepCostModel,
+    step_token_budget,
+)
 
-INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently keeps steps sized by the targets
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 NO_RANK = 10 * BACKGROUND_RANK  # after every class
 # Below the most important class an admission leaves this much of the KV pool free: room for the next
@@ -60,7 +64,6 @@ class LLMClassState:
     num_running: int = 0
     served_tokens: int = 0  # all-time, for stats: tokens computed, recomputed ones included
     wasted_tokens: int = 0  # all-time: computed tokens a preemption threw away (computed again later)
-    bucket: ShareBucket = field(default_factory=lambda: ShareBucket(0.0, 0.0))  # min_share credit, tokens
     retired: str | None = None  # why a policy swap took the class off this scheduler (it drains, then goes)
 
     @property
@@ -68,7 +71,7 @@ class LLMClassState:
         return self.policy.priority + (BACKGROUND_RANK if self.policy.background else 0)
 
 
-class ClassScheduler(MinShareMixin, StepScheduler):
+class ClassScheduler(StepScheduler):
     """Plans LLM steps over the LLM classes of a policy (see the module docstring)."""
 
     def __init__(self, block_manager: BlockManager | None, policy: Policy, clock: Clock | None = None,
@@ -78,8 +81,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         self.step_cost = step_cost or StepCostModel()
         self._in_flight: tuple[float, int] | None = None
         self._budget = policy.scheduler.max_num_batched_tokens
-        self._protected: set[int] = set()
-        self._share_used: dict[str, int] = {}
+        self.shares = ShareGuard()  # min_share: credit, share-holding sequences, tokens taken on shares
         if block_manager is not None:
             self.block_manager = block_manager
         self.clock = clock or MonotonicClock()
@@ -211,7 +213,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         """Sequences of the class that could start at the next step, within its ``max_running`` and
         ``max_num_seqs``: slots free or held by less important classes (preemption frees those, except
         a background share's), less those that more important classes' queued requests will take."""
-        protected = self._share_protected()
+        protected = share_protected(self.classes.values(), self.running, self.block_manager, self.max_num_seqs)
         held = sum(self._rank(s) <= state.rank or s.seq_id in protected for s in self.running)
         ahead = 0
         for other in self.classes.values():
@@ -285,31 +287,32 @@ class ClassScheduler(MinShareMixin, StepScheduler):
                 self.last_interactive_s = now
             self._interactive_now = self.interactive_active(now)
             self._budget = self.step_token_budget()
-            self._share_used: dict[str, int] = {}
+            self.shares.start_step()
             plan = StepPlan()
             self._blocked_rank = NO_RANK
             self._shed_over_limits(plan)  # 0. lowered caps hold from this step
-            self._protected = self._share_protected()
+            self.shares.protect(self.classes.values(), self.running, self.block_manager, self.max_num_seqs)
             self._schedule_decodes(plan)  # 1. every running decode: tokens are due, and cheap
             # Decodes may pass the latency budget, but must not take all of it: where even a short step
             # outlasts the targets (a slow or busy CPU), prompts keep MIN_STEP_TOKENS beside the decodes,
             # or a waiting voice request would not be admitted until enough decodes finished.
             self._budget = max(self._budget, min(self.max_num_batched_tokens, plan.num_tokens + MIN_STEP_TOKENS))
-            owed = self._owed_background()
+            owed = self.shares.owed(self.classes.values(), self._budget, self.max_num_batched_tokens)
             by_rank = sorted(self.classes.values(), key=lambda c: c.rank)
             interactive = [c for c in by_rank if not c.policy.background]
             # 2. interactive work first, leaving this step's share of the budget to the owed background
             # classes (their rate, never a burst of credit: a voice prompt never waits behind that)
-            leave = self._share_reserve(owed)
-            self._reserved_slots = self._share_slots_reserve(owed)
+            leave = self.shares.reserve_tokens(owed, self._budget)
+            self._reserved_slots = self.shares.reserve_slots(owed, self.max_num_seqs)
             for state in interactive:
                 self._serve_class(plan, state, now, limit=None, for_share=False, leave=leave)
             self._reserved_slots = 0
             for state in owed:  # 3. background classes owed their min_share
-                self._serve_class(plan, state, now, limit=int(state.bucket.credit), for_share=True)
+                self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True)
             for state in by_rank:  # 4. what is left, by class importance
-                self._serve_class(plan, state, now, limit=self._background_limit(state), for_share=False)
-            self._charge_shares(plan)
+                limit = self.shares.background_limit(state, self._budget, self._interactive_now)
+                self._serve_class(plan, state, now, limit=limit, for_share=False)
+            self.shares.charge(self.classes.values(), plan, self.seqs)
             self._in_flight = (now, plan.num_tokens)
             return plan
 
@@ -450,8 +453,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         state.num_running += 1
-        if for_share and self._num_protected(state) < self._share_slots(state):
-            self._protected.add(seq.seq_id)
+        self.shares.admitted(state, seq, for_share, self.max_num_seqs)
         self._take_tokens(plan, seq, n, for_share)
 
     @staticmethod
@@ -468,12 +470,11 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         plan.chunks[:] = [c for c in plan.chunks if c.seq_id != seq.seq_id]
         plan.chunks.append(_chunk(seq, planned + n))
         if for_share:
-            self._share_used[seq.class_name] = self._share_used.get(seq.class_name, 0) + n
+            self.shares.took(seq.class_name, n)
 
     def _shed_over_limits(self, plan: StepPlan) -> None:
         """A policy swap may lower max_num_seqs or a class's max_running below what runs: the excess
         (least important, newest first) goes back to the head of its queue, so the limits hold now."""
-        self._protected = set()
         for state in self.classes.values():
             cap = state.policy.max_running
             while cap is not None and state.num_running > cap:
@@ -495,11 +496,10 @@ class ClassScheduler(MinShareMixin, StepScheduler):
         seq.num_preemptions += 1
         self.num_preemptions += 1
         plan.preempted.append(seq.seq_id)
-        self._protected.discard(seq.seq_id)
+        self.shares.preempted(seq)
         for chunk in [c for c in plan.chunks if c.seq_id == seq.seq_id]:  # planned earlier this step
             plan.chunks.remove(chunk)
-            if seq.class_name in self._share_used:
-                self._share_used[seq.class_name] = max(0, self._share_used[seq.class_name] - chunk.num_tokens)
+            self.shares.took(seq.class_name, -chunk.num_tokens)
         item = seq.queue_item
         assert isinstance(item, QueuedItem)
         item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
@@ -555,7 +555,7 @@ class ClassScheduler(MinShareMixin, StepScheduler):
             freed = self._blocks_freed(victims)
             if freed >= blocks_short and not need_slot:
                 return victims
-            if freed >= blocks_short and seq.seq_id in self._protected:
+            if freed >= blocks_short and seq.seq_id in self.shares.protected:
                 continue  # only a slot is wanted, and this one holds a share's
             victims.append(seq)
             need_slot = False

@@ -43,3 +43,39 @@ class ShareBucket:
         self.credit -= amount
         if not forced:
             self.credit = max(self.credit, 0.0)
+
+
+class ShareLedger:
+    """The min_share credit of every background class in one unit: a ``ShareBucket`` per class that
+    refills at its share of ``amount`` while it has work and holds at most ``burst`` full units' worth.
+    The batcher keeps one in device seconds (unit: a second), the LLM planner one in tokens (unit: a
+    full step's tokens), so min_share means the same rate in both."""
+
+    def __init__(self, burst: float) -> None:
+        self.burst = burst
+        self._buckets: dict[str, ShareBucket] = {}
+
+    def refill(self, name: str, share: float, amount: float, unit: float, backlogged: bool) -> bool:
+        """Refill ``name``'s credit by ``share * amount`` (capped at ``burst * share * unit``) if it is
+        backlogged; True while it is owed credit. A class without a share holds none."""
+        if share <= 0:
+            self._buckets.pop(name, None)
+            return False
+        bucket = self._buckets.setdefault(name, ShareBucket(share, 0.0))
+        bucket.share = share
+        bucket.set_capacity(self.burst * share * unit)
+        bucket.refill(amount, backlogged)
+        return bucket.owed
+
+    def credit(self, name: str) -> float:
+        bucket = self._buckets.get(name)
+        return bucket.credit if bucket is not None else 0.0
+
+    def charge(self, name: str, amount: float, forced: bool) -> None:
+        """``name`` was served ``amount``: on its share (``forced``), or on idle capacity."""
+        bucket = self._buckets.get(name)
+        if bucket is not None:
+            bucket.charge(amount, forced)
+
+    def forget(self, name: str) -> None:
+        self._buckets.pop(name, None)

@@ -28,6 +28,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ITL_STEP_FRACTION = 0.6
+INTERACTIVE_HORIZON_S = 10.0  # interactive work seen this recently counts as active: steps and batches stay short
 TTFT_STEP_FRACTION = 0.4
 QUIET_TTFT_STEP_FRACTION = 0.75
 MIN_STEP_TOKENS = 16

@@ -25,8 +25,8 @@ def test_a_voice_prompt_goes_before_a_background_class_spending_its_banked_credi
     waiting = [h.add("summarize", user="indexer", prompt_len=4000, max_tokens=2) for _ in range(2)]
     while first.status == SequenceStatus.RUNNING or first.status == SequenceStatus.WAITING:
         h.step()
-    summarize = h.sched.classes["summarize"]
-    assert summarize.bucket.credit >= SHARE_BURST_STEPS * 0.5 * 2048 - 1  # its last decode was charged
+    credit = h.sched.shares.ledger.credit("summarize")
+    assert credit >= SHARE_BURST_STEPS * 0.5 * 2048 - 1  # its last decode was charged
     voice = h.add("voice", prompt_len=40, max_tokens=4)
     plan = h.step()
     assert tokens_of(plan, voice) == 40 and voice.num_output_tokens == 1
