@@ -4,7 +4,8 @@ The batcher hands `Embedder.embed` a batch it already formed; this module only m
 to run. Items are sorted by token count (as infinity does) so that each sub-batch is padded to the
 length of its own longest item, not of the longest item in the whole request set, and the results are
 put back in the caller's order. The tensor path has no per-item Python loop: ids are concatenated once
-and scattered into the padded matrix with a mask.
+and scattered into the padded matrix with a mask. The encoder is our own (homeai.runtime.bert), not
+transformers' AutoModel, whose modeling imports alone cost ~100 MB resident.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
+from homeai.runtime.bert import BertEncoder
 from homeai.runtime.fast_tokenizer import load_fast_tokenizer
 
 DEFAULT_BATCH_SIZE = 32
@@ -42,7 +44,7 @@ class Embedder:
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: BertEncoder,
         tokenizer: PreTrainedTokenizerFast,
         device: torch.device,
         max_length: int,
@@ -74,9 +76,8 @@ class Embedder:
     ) -> Embedder:
         """Load weights and the fast tokenizer from `folder` onto `device` in `dtype`, ready for inference."""
         folder = Path(folder)
+        model = BertEncoder.from_folder(folder, torch.device(device), dtype)  # ValueError if not BERT
         tokenizer = load_fast_tokenizer(folder)
-        model = AutoModel.from_pretrained(folder)  # cast after loading: `dtype=` kwarg differs by version
-        model.to(device=device, dtype=dtype).eval()
         model_max = _model_max_length(folder, model, tokenizer)
         if max_length is None:
             max_length = model_max
@@ -179,7 +180,8 @@ class Embedder:
         input_ids = torch.where(mask, packed.flat_ids[gather], self._pad_id)
         input_ids = input_ids.to(self.device, non_blocking=True)
         attention_mask = mask.to(self.device, dtype=torch.int64, non_blocking=True)
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        no_padding = int(lengths.min()) == width  # known on the CPU: no device sync to find out
+        hidden = self.model(input_ids, None if no_padding else attention_mask)
         hidden = hidden.float()
         if self.pooling == "cls":
             pooled = hidden[:, 0]
@@ -200,9 +202,9 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _model_max_length(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> int:
+def _model_max_length(folder: Path, model: BertEncoder, tokenizer: PreTrainedTokenizerFast) -> int:
     """sentence-transformers' max_seq_length if set, else the smaller of tokenizer and position limits."""
-    limit = int(getattr(model.config, "max_position_embeddings", 512))
+    limit = model.config.max_position_embeddings
     st_max = _read_json(folder / "sentence_bert_config.json").get("max_seq_length")
     if st_max:
         return min(int(st_max), limit)

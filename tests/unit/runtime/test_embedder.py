@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -149,7 +152,25 @@ def test_bf16_close_to_fp32(folder: Path, embedder: Embedder) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 def test_cuda_fp16_matches_cpu(folder: Path, embedder: Embedder) -> None:
     gpu = Embedder.load(folder, torch.device("cuda"), dtype=torch.float16)
     assert bool((_cosines(gpu.embed(TEXTS, batch_size=3), embedder.embed(TEXTS)) >= 0.999).all())
+
+
+def test_refuses_a_model_type_it_does_not_run(tmp_path: Path) -> None:
+    folder = tmp_path / "some-roberta"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "roberta", "architectures": ["RobertaModel"]}))
+    with pytest.raises(ValueError, match=r"some-roberta.*'roberta'.*RobertaModel"):
+        Embedder.load(folder, torch.device("cpu"))
+
+
+def test_import_leaves_transformers_modeling_out() -> None:
+    """transformers' modeling stack (AutoModel, PreTrainedModel) costs ~100 MB resident for the server's life.
+    (transformers.modeling_gguf_pytorch_utils is the fast tokenizer's GGUF reader, not a model.)"""
+    code = (
+        "import sys, homeai.runtime.embedder; "
+        "print(sorted(m for m in sys.modules if m.startswith(('transformers.modeling_utils', 'transformers.models.'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
