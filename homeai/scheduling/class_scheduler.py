@@ -36,6 +36,7 @@ from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
 from homeai.scheduling.min_share import ShareGuard, share_protected
+from homeai.scheduling.preemption import blocks_freed, blocks_short, importance, plan_victims, victim_order
 from homeai.scheduling.step_budget import (
     INTERACTIVE_HORIZON_S,
     MIN_STEP_TOKENS,
@@ -373,18 +374,19 @@ class ClassScheduler(StepScheduler):
             bm.allocate(seq.seq_id, tokens)
             return n
         keep = {c.seq_id for c in plan.chunks if self._rank(self.seqs[c.seq_id]) <= rank}
-        order = self._victim_order(exclude=keep | {seq.seq_id})
-        below = order[:next((i for i, s in enumerate(order) if self._more_important(s, seq)), len(order))]
-        victims = self._plan_victims(below, self._blocks_short(seq, tokens), need_slot=False)
+        mine = importance(seq, self._rank)
+        below = [s for s in victim_order(self.running, self._rank, keep | {seq.seq_id})
+                 if importance(s, self._rank) > mine]
+        victims = plan_victims(bm, self.running, below, blocks_short(bm, seq, tokens), need_slot=False)
         if victims is None:  # not enough below it: as many tokens as it and the free pool can hold
-            held = (len(bm.block_table(seq.seq_id)) + bm.num_free_blocks + self._blocks_freed(below)) \
+            held = (len(bm.block_table(seq.seq_id)) + bm.num_free_blocks + blocks_freed(bm, self.running, below)) \
                 * bm.block_size
             n = min(n, held - seq.num_computed_tokens)
             if n < 1:
                 self._note_blocked(rank)
                 return 0
             tokens = seq.num_computed_tokens + n
-            victims = self._plan_victims(below, self._blocks_short(seq, tokens), need_slot=False)
+            victims = plan_victims(bm, self.running, below, blocks_short(bm, seq, tokens), need_slot=False)
             self._note_blocked(rank)
         for victim in victims or []:
             self._preempt(victim, plan)
@@ -481,7 +483,7 @@ class ClassScheduler(StepScheduler):
                 mine = [s for s in self.running if s.class_name == state.name]
                 self._preempt(max(mine, key=lambda s: (s.arrival_s, s.seq_id)), plan)
         while len(self.running) > self.max_num_seqs:
-            self._preempt(self._victim_order(exclude=set())[0], plan)
+            self._preempt(victim_order(self.running, self._rank)[0], plan)
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.block_manager.free(seq.seq_id)
@@ -522,11 +524,11 @@ class ClassScheduler(StepScheduler):
         headroom = 0
         if state.rank > self._top_rank:  # never more than the pool leaves beside the whole request
             headroom = min(int(ADMISSION_HEADROOM * bm.num_blocks), bm.num_blocks - bm.blocks_needed(whole))
-        short = self._blocks_short(seq, whole, max(0, headroom))
+        short = blocks_short(bm, seq, whole, max(0, headroom))
         if not need_slot and short <= 0:
             return True
-        order = [s for s in self._victim_order(exclude=set()) if self._rank(s) > state.rank]
-        victims = self._plan_victims(order, short, need_slot)
+        order = [s for s in victim_order(self.running, self._rank) if self._rank(s) > state.rank]
+        victims = plan_victims(bm, self.running, order, short, need_slot, keeps_slot=self.shares.protected)
         if victims is None:
             if short > 0 or len(self.running) >= self.max_num_seqs:  # not a slot left to a share
                 self._note_blocked(state.rank)
@@ -538,48 +540,6 @@ class ClassScheduler(StepScheduler):
             self._note_blocked(state.rank)
             return False
         return True
-
-    def _victim_order(self, exclude: set[int]) -> list[Sequence]:
-        """Running sequences outside ``exclude``, least important first (class, then newest first)."""
-        return sorted((s for s in self.running if s.seq_id not in exclude),
-                      key=lambda s: (self._rank(s), s.arrival_s, s.seq_id), reverse=True)
-
-    def _more_important(self, a: Sequence, b: Sequence) -> bool:
-        return (self._rank(a), a.arrival_s, a.seq_id) < (self._rank(b), b.arrival_s, b.seq_id)
-
-    def _plan_victims(self, order: list[Sequence], blocks_short: int, need_slot: bool) -> list[Sequence] | None:
-        """The first of ``order`` that together free ``blocks_short`` KV blocks (and a sequence slot
-        if ``need_slot``: not one holding a background share), or None when all of them cannot."""
-        victims: list[Sequence] = []
-        for seq in order:
-            freed = self._blocks_freed(victims)
-            if freed >= blocks_short and not need_slot:
-                return victims
-            if freed >= blocks_short and seq.seq_id in self.shares.protected:
-                continue  # only a slot is wanted, and this one holds a share's
-            victims.append(seq)
-            need_slot = False
-        return victims if self._blocks_freed(victims) >= blocks_short and not need_slot else None
-
-    def _blocks_freed(self, seqs: list[Sequence]) -> int:
-        """Blocks preempting ``seqs`` would give back: with prefix caching, a block that another running
-        sequence still holds stays taken."""
-        bm = self.block_manager
-        if not bm.enable_prefix_caching:
-            return sum(len(bm.block_table(s.seq_id)) for s in seqs)
-        gone = {s.seq_id for s in seqs}
-        kept = {b for s in self.running if s.seq_id not in gone for b in bm.block_table(s.seq_id)}
-        return len({b for s in seqs for b in bm.block_table(s.seq_id)} - kept)
-
-    def _blocks_short(self, seq: Sequence, num_tokens: int, headroom: int = 0) -> int:
-        """KV blocks the pool lacks for ``num_tokens`` of ``seq`` with ``headroom`` blocks left free
-        (0: they fit). A negative reserve asks ``can_allocate`` whether that many fewer blocks would do,
-        so a cached prefix counts as the block manager counts it."""
-        bm = self.block_manager
-        short = max(0, bm.num_new_blocks(seq.seq_id, num_tokens) + headroom - bm.num_free_blocks)
-        while not bm.can_allocate(seq.seq_id, num_tokens, reserve=headroom - short):
-            short += 1
-        return short
 
     def _note_blocked(self, rank: int) -> None:
         """A sequence of class rank ``rank`` was refused KV or a slot this step: no admission of a class
