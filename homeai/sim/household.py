@@ -60,7 +60,8 @@ def class_figures(res: SimResult) -> dict[str, dict[str, Any]]:
             "requests": len(recs), "completed": sum(r.done_s is not None for r in recs),
             "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
             "itl_p50_s": _pct(itl, 50), "itl_p99_s": _pct(itl, 99),
-            "tokens_per_s": res.processed_tokens.get(cls, 0) / res.horizon_s,
+            "tokens_per_s": res.useful_tokens(cls) / res.horizon_s,  # computed and kept
+            "wasted_tokens": res.wasted_tokens.get(cls, 0),
             "rejections": sum(r.rejected is not None for r in recs),
         }
     return out

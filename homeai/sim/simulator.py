@@ -80,6 +80,8 @@ class Simulator:
         self._ids = itertools.count()
         self.records: dict[str, RequestRecord] = {}
         self.processed: dict[str, int] = {}
+        self.wasted: dict[str, int] = {}  # class -> tokens computed, then thrown away by a preemption
+        self._computed: dict[int, int] = {}  # seq id -> tokens computed for it since it was last admitted
         self.busy_s: dict[str, float] = {}
         # Background jobs are closed-loop clients (as the job runner is): at most this many requests of
         # each background class outstanding; the next goes in when one completes.
@@ -150,7 +152,7 @@ class Simulator:
             self.clock.set(min([*wake, horizon_s]))
         in_flight = {seq.request_id for seq in self.scheduler.seqs.values()}
         in_flight |= {item.payload[0] for q in self.batcher.embed_queues.values() for item in q}
-        wasted = {name: c.wasted_tokens for name, c in self.scheduler.classes.items() if c.wasted_tokens}
+        wasted = {name: n for name, n in self.wasted.items() if n}
         return SimResult(list(self.records.values()), horizon_s, dict(self.processed), self._steps,
                          self._batches, self.scheduler.num_preemptions, dict(self.busy_s), in_flight,
                          self.scheduler.num_futile_preemptions, wasted)
@@ -178,15 +180,19 @@ class Simulator:
 
     def _llm_step(self) -> bool:
         plan = self.scheduler.schedule()
+        seqs = self.scheduler.seqs
+        for sid in plan.preempted:  # what it computed is recomputed when it runs again
+            trace_cls = self.records[seqs[sid].request_id].req.class_name
+            self.wasted[trace_cls] = self.wasted.get(trace_cls, 0) + self._computed.pop(sid, 0)
         if plan.is_empty:
             return False
-        seqs = self.scheduler.seqs
         ctx = sum(c.start + c.num_tokens for c in plan.chunks)
         step_s = self.cost.llm_step_s(plan.num_tokens, len(plan.chunks), ctx)
         self.clock.advance(step_s)
         for c in plan.chunks:
             trace_cls = self.records[seqs[c.seq_id].request_id].req.class_name
             self.processed[trace_cls] = self.processed.get(trace_cls, 0) + c.num_tokens
+            self._computed[c.seq_id] = self._computed.get(c.seq_id, 0) + c.num_tokens
             self.busy_s[trace_cls] = self.busy_s.get(trace_cls, 0.0) + step_s * c.num_tokens / plan.num_tokens
         output = StepOutput(sampled={c.seq_id: FAKE_TOKEN for c in plan.chunks if c.sample})
         now = self.clock.now()
@@ -196,6 +202,7 @@ class Simulator:
             if rec.first_s is None:
                 rec.first_s = now
             if seq.status.is_finished:
+                self._computed.pop(seq.seq_id, None)
                 rec.done_s = now
                 self._done(rec)
         return True
