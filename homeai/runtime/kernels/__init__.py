@@ -3,6 +3,9 @@
 - ``int8_linear``: int8 weights, float32 activations (``int8_linear.cpp``): torch's int8 kernel reads
   weights at half the bandwidth a decode step could use. With it ``int8_to_bf16`` for prompt-sized
   inputs: torch's own int8 -> bfloat16 conversion costs more than the bfloat16 matmul after it.
+- ``int4_linear``: 4-bit weights in Q4_1's groups of 32 (``int4_linear.cpp``), float32 activations, at
+  the int8 kernel's bandwidth; ``int4_to_bf16`` for prompt-sized inputs (torch's int4 kernel is slower than
+  float32 there).
 - ``float_linear``: float32 weights packed in panels of 32 columns (``float_linear.cpp``): MKL's GEMM on
   unpacked weights wastes a third of the time at the 2-64 rows of a decode step.
 - ``decode_attention``: one query per sequence against its context read where it lies in the paged
@@ -28,7 +31,8 @@ import torch
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-_SOURCES = (_HERE / "int8_linear.cpp", _HERE / "float_linear.cpp", _HERE / "decode_attention.cpp")
+_SOURCES = (_HERE / "int8_linear.cpp", _HERE / "int4_linear.cpp", _HERE / "float_linear.cpp",
+            _HERE / "decode_attention.cpp")
 _HEADERS = (_HERE / "int8_linear_kernel.inc",)
 _DISABLE_ENV = "HOMEAI_NATIVE_KERNELS"  # "0": never build or use them (torch's kernels only)
 _lock = threading.Lock()
@@ -54,6 +58,10 @@ def _build() -> None:
 
     @torch.library.register_fake("homeai::int8_linear")
     def _int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], q.shape[0])
+
+    @torch.library.register_fake("homeai::int4_linear")
+    def _int4(x: torch.Tensor, q: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], q.shape[0])
 
     @torch.library.register_fake("homeai::float_linear")
@@ -97,6 +105,22 @@ def int8_to_bf16() -> Callable[..., None] | None:
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.int8_to_bf16.default
+
+
+def int4_linear() -> Callable[..., torch.Tensor] | None:
+    """``op(x [M, K] float32, q [N, K/2] uint8, sz [N, K/32, 2] bfloat16) -> [M, N] float32``: Q4_1-style
+    groups of 32 (``int4_linear.cpp``), or None where it cannot be built or this CPU lacks AVX-512."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
+        return None
+    return torch.ops.homeai.int4_linear.default
+
+
+def int4_to_bf16() -> Callable[..., None] | None:
+    """``op(out [N, K] bfloat16, q, sz)`` writes the int4 weights as bfloat16 (for prompt-sized matmuls), or
+    None where ``int4_linear`` is None."""
+    if int4_linear() is None:
+        return None
+    return torch.ops.homeai.int4_to_bf16.default
 
 
 def float_linear() -> Callable[..., torch.Tensor] | None:

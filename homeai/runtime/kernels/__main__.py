@@ -13,7 +13,8 @@ from homeai.runtime import kernels
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
-    found = {"int8_linear": kernels.int8_linear(), "float_linear": kernels.float_linear(),
+    found = {"int8_linear": kernels.int8_linear(), "int4_linear": kernels.int4_linear(),
+             "float_linear": kernels.float_linear(),
              "decode_attention": kernels.decode_attention()}
     used = [name for name, op in found.items() if op is not None]
     print(f"native kernels ({time.perf_counter() - start:.1f} s): {', '.join(used) or 'none'} "

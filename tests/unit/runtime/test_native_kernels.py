@@ -194,3 +194,26 @@ def test_without_the_native_kernel_torchs_kernels_serve(monkeypatch: pytest.Monk
     q, scale = quantize_int8(w)
     exact = reference(x, q, scale)
     assert float((layer(x) - exact).abs().max()) <= 2e-2 * float(exact.abs().max())
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 17, 32, 33, 64])
+def test_int4_layer_matches_its_dequantized_weights(rows: int) -> None:
+    """Int4Linear's paths (int8 activations through VNNI up to 4 rows, float32 activations up to 32,
+    bfloat16 weights above) against the float64 product with the weights the groups describe."""
+    from homeai.runtime.quant import Int4Linear, quantize_int4
+
+    torch.manual_seed(rows)
+    w = torch.randn(96, 576)
+    layer = make_linear(w, None, "int4", CPU, torch.float32)
+    assert isinstance(layer, Int4Linear) and layer._native is not None
+    q, sz = quantize_int4(w)
+    groups = q.double().view(96, -1, 32) - 8
+    dequant = (groups * sz.transpose(0, 1)[..., 0, None].double() + sz.transpose(0, 1)[..., 1, None].double())
+    x = torch.randn(rows, 576)
+    want = x.double() @ dequant.view(96, 576).T
+    got = layer(x).double()
+    # int8 activations in groups of 32 (as llama.cpp's Q8): 1/254 of each group's range; bfloat16 weights:
+    # 2^-9 of each weight; float32 activations: rounding only
+    rel = 2e-2 if rows <= 4 or rows > 32 else 1e-5
+    assert (got - want).abs().max() <= rel * want.abs().max(), rows
