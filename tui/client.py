@@ -1,19 +1,33 @@
 """The gateway's HTTP API as the TUI needs it: one httpx AsyncClient, typed errors, a self-healing stats feed.
 
 Every screen goes through ``GatewayClient``, so a test can hand the app a stand-in (a subclass that
-replays recorded stats) and the screens never know the difference.
+replays recorded stats) and the screens never know the difference. Answers are decoded into the typed
+documents of ``tui.documents``; one that does not fit is an error, never a guess.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+
+from tui.documents import (
+    JobList,
+    JobView,
+    PolicyApplied,
+    PolicyCheck,
+    PolicyErrorItem,
+    PolicyHistory,
+    StatsDoc,
+    convert,
+    decode,
+)
+
+T = TypeVar("T")
 
 STATS_STALL_S = 10.0  # the server sends about twice a second; this long without an event is a dead feed
 MAX_RETRY_S = 5.0
@@ -29,9 +43,10 @@ class Connection:
 
 
 class ApiError(Exception):
-    """A non-2xx answer: the status, the server's message and, for a 422, each error's key path."""
+    """A non-2xx answer: the status, the server's message and, for a policy's 422, each error's key path,
+    message and line."""
 
-    def __init__(self, status: int, message: str, errors: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, status: int, message: str, errors: list[PolicyErrorItem] | None = None) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
@@ -43,6 +58,10 @@ class Unreachable(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(0, message)
+
+
+class BadAnswer(ApiError):
+    """A 2xx answer that is not the document the API promises (a different server, or a different version)."""
 
 
 class JobsUnavailable(ApiError):
@@ -85,11 +104,28 @@ def error_from(response: httpx.Response) -> ApiError:
         err = body.get("error", body)
         if isinstance(err, dict):
             message = err.get("message") or err.get("detail") or response.reason_phrase
-            errors = err.get("errors")
-            return ApiError(response.status_code, str(message), errors if isinstance(errors, list) else None)
+            return ApiError(response.status_code, str(message), _error_items(err.get("errors")))
         if isinstance(err, str):
             return ApiError(response.status_code, err)
     return ApiError(response.status_code, response.reason_phrase)
+
+
+def read(response: httpx.Response, kind: type[T]) -> T:
+    """The answer's body as ``kind``; BadAnswer (an ApiError) when it does not fit."""
+    try:
+        return decode(response.content, kind)
+    except ValueError as e:
+        raise BadAnswer(response.status_code, f"unexpected answer from {response.request.url.path}: {e}") from e
+
+
+def _error_items(errors: Any) -> list[PolicyErrorItem] | None:
+    """A policy 422's ``errors`` (None when the body has none, or something else under that name)."""
+    if not isinstance(errors, list):
+        return None
+    try:
+        return convert(errors, list[PolicyErrorItem])
+    except ValueError:
+        return None
 
 
 class GatewayClient:
@@ -115,10 +151,10 @@ class GatewayClient:
         return response
 
     # ---- live statistics -------------------------------------------------------------------------
-    async def stats(self) -> dict[str, Any]:
-        return (await self._request("GET", "/v1/stats")).json()  # type: ignore[no-any-return]
+    async def stats(self) -> StatsDoc:
+        return read(await self._request("GET", "/v1/stats"), StatsDoc)
 
-    async def stats_events(self) -> AsyncIterator[dict[str, Any] | Connection]:
+    async def stats_events(self) -> AsyncIterator[StatsDoc | Connection]:
         """Stats documents from /v1/stats/stream forever, with a ``Connection`` each time the feed goes up
         or down; reconnects by itself (0.5 s, doubling to 5 s) so a server restart needs no keypress."""
         delay_s = 0.5
@@ -134,10 +170,11 @@ class GatewayClient:
                         item = parser.feed(line.rstrip("\r"))
                         if item is None or item[0] != "stats":
                             continue
+                        doc = decode(item[1], StatsDoc)
                         if not announced:
                             announced, delay_s = True, 0.5
                             yield Connection(True, "live")
-                        yield json.loads(item[1])
+                        yield doc
                 reason = "the server closed the stream"
             except (httpx.TransportError, ApiError, ValueError) as e:
                 reason = _describe(e)
@@ -149,15 +186,16 @@ class GatewayClient:
     async def get_policy(self) -> str:
         return (await self._request("GET", "/admin/policy")).text
 
-    async def put_policy(self, text: str) -> dict[str, Any]:
-        """Validate and apply; raises ApiError (422 with ``errors`` at key paths) when invalid."""
+    async def put_policy(self, text: str) -> PolicyApplied:
+        """Validate and apply; raises ApiError (422 with ``errors`` at key paths and lines) when invalid."""
         response = await self._request("PUT", "/admin/policy", content=text.encode("utf-8"),
                                        headers={"Content-Type": "application/yaml"})
-        return response.json()  # type: ignore[no-any-return]
+        return read(response, PolicyApplied)
 
-    async def validate_policy(self, text: str) -> dict[str, Any] | None:
-        """Server-side check without applying (POST /admin/policy/validate); None when the server has
-        no such endpoint. Never falls back to PUT: a validate must not change the running policy."""
+    async def validate_policy(self, text: str) -> PolicyCheck | None:
+        """The server's dry run (POST /admin/policy/validate): what applying would change, or ApiError (422
+        with ``errors`` at key paths and lines); None when the server has no such endpoint. Never falls
+        back to PUT: a validate must not change the running policy."""
         try:
             response = await self._request("POST", "/admin/policy/validate", content=text.encode("utf-8"),
                                            headers={"Content-Type": "application/yaml"})
@@ -165,38 +203,37 @@ class GatewayClient:
             if e.status in (404, 405):
                 return None
             raise
-        return response.json()  # type: ignore[no-any-return]
+        return read(response, PolicyCheck)
 
-    async def policy_history(self, limit: int = 50) -> dict[str, Any]:
-        return (await self._request("GET", "/admin/policy/history", params={"limit": limit})).json()  # type: ignore[no-any-return]
+    async def policy_history(self, limit: int = 50) -> PolicyHistory:
+        return read(await self._request("GET", "/admin/policy/history", params={"limit": limit}), PolicyHistory)
 
-    async def rollback(self, version: int | None = None) -> dict[str, Any]:
+    async def rollback(self, version: int | None = None) -> PolicyApplied:
         body = {} if version is None else {"version": version}
-        return (await self._request("POST", "/admin/policy/rollback", json=body)).json()  # type: ignore[no-any-return]
+        return read(await self._request("POST", "/admin/policy/rollback", json=body), PolicyApplied)
 
     # ---- jobs ------------------------------------------------------------------------------------
-    async def list_jobs(self) -> list[dict[str, Any]]:
+    async def list_jobs(self) -> list[JobView]:
         try:
-            body = (await self._request("GET", "/v1/jobs")).json()
+            response = await self._request("GET", "/v1/jobs")
         except ApiError as e:
             if e.status in (404, 405):
                 raise JobsUnavailable(e.status, "jobs API not available on this server") from e
             raise
-        jobs = body.get("jobs", body.get("data")) if isinstance(body, dict) else body
-        return [j for j in jobs or [] if isinstance(j, dict)]
+        return read(response, JobList).jobs
 
-    async def add_index_job(self, path: str, collection: str | None = None) -> dict[str, Any]:
+    async def add_index_job(self, path: str, collection: str | None = None) -> JobView:
         """POST /v1/jobs; the collection defaults to the folder's name (the API requires one)."""
         name = collection or os.path.basename(os.path.normpath(os.path.expanduser(path))) or "documents"
         body: dict[str, Any] = {"kind": "index", "path": path, "collection": name}
         try:
-            return (await self._request("POST", "/v1/jobs", json=body)).json()  # type: ignore[no-any-return]
+            return read(await self._request("POST", "/v1/jobs", json=body), JobView)
         except ApiError as e:
             if e.status in (404, 405):
                 raise JobsUnavailable(e.status, "jobs API not available on this server") from e
             raise
 
-    async def job_action(self, job_id: str, action: str) -> None:
+    async def job_action(self, job_id: int, action: str) -> None:
         """``pause``, ``resume`` (POST /v1/jobs/{id}/ACTION) or ``cancel`` (DELETE /v1/jobs/{id})."""
         if action == "cancel":
             await self._request("DELETE", f"/v1/jobs/{job_id}")

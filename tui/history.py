@@ -10,6 +10,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from tui.documents import StatsDoc
+
 DEFAULT_SPAN_S = 300.0  # keep five minutes; the charts show the last three by default
 
 
@@ -24,18 +26,18 @@ class StatsHistory:
         self.ttft: dict[str, deque[tuple[float, float | None, float | None]]] = {}
         self.user_rate: dict[str, deque[tuple[float, float]]] = {}
 
-    def add(self, doc: dict[str, Any]) -> None:
+    def add(self, doc: StatsDoc) -> None:
         """Record one /v1/stats document (called for every streamed event)."""
-        t = float(doc.get("time", 0.0))
+        t = doc.time
         self.now_s = max(self.now_s, t)
         self.num_docs += 1
-        for name, entry in (doc.get("classes") or {}).items():
+        for name, entry in doc.classes.items():
             series = self.ttft.setdefault(name, deque(maxlen=self.max_samples))
-            series.append((t, entry.get("ttft_p50_ms"), entry.get("ttft_p99_ms")))
+            series.append((t, entry.ttft_p50_ms, entry.ttft_p99_ms))
             _trim(series, self.now_s - self.span_s)
-        for user, entry in (doc.get("users") or {}).items():
+        for user, rate in doc.users.items():
             rates = self.user_rate.setdefault(user, deque(maxlen=self.max_samples))
-            rates.append((t, float(entry.get("tokens_per_s_10s") or 0.0)))
+            rates.append((t, rate.tokens_per_s_10s))
             _trim(rates, self.now_s - self.span_s)
 
     def ttft_buckets(self, class_name: str, num_buckets: int, span_s: float = 180.0,

@@ -6,8 +6,8 @@ from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
 
-from tui.client import Connection
 from tui.format import BAD, BLOCKS, DIM, GOOD, WARN, fmt_duration, fmt_ms
+from tui.monitor import monitor_of
 
 
 class StatusLine(Static):
@@ -26,21 +26,19 @@ class StatusLine(Static):
         self.watch(self.app, "stats", self._refresh_line)
 
     def _refresh_line(self, _: object = None) -> None:
-        app = self.app
-        conn: Connection = getattr(app, "connection", Connection(False, "connecting"))
-        url = getattr(app, "url", "")
-        stats = getattr(app, "stats", None) or {}
+        app = monitor_of(self)
+        conn, url, stats = app.connection, app.url, app.stats
         self.set_class(not conn.connected, "-down")
         if not conn.connected:
             retry = f" · retry in {conn.retry_in_s:g} s" if conn.retry_in_s else ""
             self.update(Text(f"✖ disconnected: {conn.detail or 'connecting'}{retry} · {url}"))
             return
-        live = stats.get("num_live_requests", 0)
+        live = stats.num_live_requests if stats else 0
         line = Text.assemble(("● live ", GOOD), (url, "bold"), (" · up ", DIM),
-                             fmt_duration(stats.get("uptime_s")), (" · ", DIM), f"{live} in flight")
-        policy = stats.get("policy") or {}
-        if policy.get("status") == "fallback":  # the policy file was refused at start-up (see /readyz)
-            line.append_text(Text.assemble((" · ", DIM), (f"⚠ policy file refused, running {policy['running']}",
+                             fmt_duration(stats.uptime_s if stats else None), (" · ", DIM), f"{live} in flight")
+        policy = stats.policy if stats else None
+        if policy is not None and policy.status == "fallback":  # the policy file was refused at start-up
+            line.append_text(Text.assemble((" · ", DIM), (f"⚠ policy file refused, running {policy.running}",
                                                           WARN)))
         self.update(line)
 

@@ -2,6 +2,7 @@
 
     GET  /admin/policy                     the YAML text of the running policy
     PUT  /admin/policy                     YAML body -> validated, swapped, stored; answers the diff
+    POST /admin/policy/validate            YAML body -> validated only (a dry run): the diff it would make
     GET  /admin/policy/history             applied versions, newest first (?limit=N)
     GET  /admin/policy/history/{version}   one version with its text
     POST /admin/policy/rollback            ?version=N or {"version": N}; neither: the previous version
@@ -9,7 +10,7 @@
 Every route needs an admin caller (``require_admin``). Uses ``app.state.policy_holder``,
 ``app.state.store`` and, if set, ``app.state.policy_path``: an applied policy is also written there so
 that a restart (and the file watcher) keeps it. An invalid policy answers 422 with every error's
-key path; nothing changes.
+key path, message and 1-based line (null when the error has none, e.g. an empty file); nothing changes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from litestar import Request, Response, Router, get, post, put
 from litestar.params import Parameter
 
 from homeai.api.auth import ADMIN, require_admin, resolve_caller
-from homeai.api.policy_apply import Applied, apply_policy_text, record_running_policy, running_text
+from homeai.api.policy_apply import Applied, apply_policy_text, check_policy_text, record_running_policy, running_text
 from homeai.policy.loader import PolicyError
 from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
@@ -31,7 +32,7 @@ YAML_MEDIA_TYPE = "application/yaml"
 MAX_VERSION = 2**31 - 1  # larger numbers cannot be stored versions (and overflow SQLite's INTEGER)
 
 
-def error_response(status_code: int, message: str, errors: list[dict[str, str]] | None = None) -> Response[Any]:
+def error_response(status_code: int, message: str, errors: list[dict[str, Any]] | None = None) -> Response[Any]:
     body: dict[str, Any] = {"message": message, "type": "invalid_request_error" if status_code < 500 else
                             "server_error"}
     if errors is not None:
@@ -39,10 +40,23 @@ def error_response(status_code: int, message: str, errors: list[dict[str, str]] 
     return Response({"error": body}, status_code=status_code)
 
 
+def policy_error_items(e: PolicyError) -> list[dict[str, Any]]:
+    """The 422's ``errors``: ``{"path", "message", "line"}`` each (line 1-based, or None)."""
+    return [{"path": path, "message": msg, "line": line} for path, msg, line in e.located()]
+
+
 def policy_error_response(e: PolicyError) -> Response[Any]:
     n = len(e.errors)
     message = f"invalid policy ({n} error{'s' if n != 1 else ''}); the running policy is unchanged"
-    return error_response(422, message, [{"path": path, "message": msg} for path, msg in e.errors])
+    return error_response(422, message, policy_error_items(e))
+
+
+async def _yaml_text(request: Request[Any, Any, Any]) -> str | None:
+    """The body as text (None: not UTF-8)."""
+    try:
+        return (await request.body()).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _holder(request: Request[Any, Any, Any]) -> PolicyHolder:
@@ -72,9 +86,8 @@ async def get_policy(request: Request[Any, Any, Any]) -> Response[str]:
 @put("/policy", summary="Validate and apply a policy (YAML body)", status_code=200,
      opt={"body": "yaml"})  # application/yaml, text/yaml, text/plain or no type (homeai/api/body_guard.py)
 async def put_policy(request: Request[Any, Any, Any]) -> Response[Any]:
-    try:
-        text = (await request.body()).decode("utf-8")
-    except UnicodeDecodeError:
+    text = await _yaml_text(request)
+    if text is None:
         return error_response(400, "the policy must be UTF-8 YAML text")
     caller = await resolve_caller(request)
     holder = _holder(request)
@@ -84,6 +97,23 @@ async def put_policy(request: Request[Any, Any, Any]) -> Response[Any]:
     except PolicyError as e:
         return policy_error_response(e)
     return Response(_applied_body(applied, holder))
+
+
+@post("/policy/validate", summary="Validate a policy without applying it (YAML body)", status_code=200,
+      opt={"body": "yaml"})  # the same types as PUT; a dry run: swaps, stores and writes nothing
+async def validate_policy(request: Request[Any, Any, Any]) -> Response[Any]:
+    text = await _yaml_text(request)
+    if text is None:
+        return error_response(400, "the policy must be UTF-8 YAML text")
+    holder = _holder(request)
+    try:
+        checked = check_policy_text(holder, text, source="POST /admin/policy/validate")
+    except PolicyError as e:
+        return policy_error_response(e)
+    policy = checked.policy
+    return Response({"valid": True, "changed": checked.changed, "diff": checked.diff,
+                     "policy": {"classes": sorted(policy.classes), "users": sorted(policy.users),
+                                "aliases": sorted(policy.aliases)}})
 
 
 @get("/policy/history", summary="Applied policy versions, newest first")
@@ -156,7 +186,7 @@ async def rollback_policy(
 
 admin_router = Router(
     path="/admin",
-    route_handlers=[get_policy, put_policy, policy_history, policy_version, rollback_policy],
+    route_handlers=[get_policy, put_policy, validate_policy, policy_history, policy_version, rollback_policy],
     guards=[require_admin],
     opt={"auth": ADMIN},  # the app's authenticate guard refuses a non-admin before it looks at the body
     tags=["admin"],

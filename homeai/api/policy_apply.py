@@ -3,7 +3,8 @@
 The running Policy is a validated model; people edit YAML with comments. So next to each holder we
 keep the exact text that was last applied (``running_text``), and each applied text is stored as a
 version (who, when, why). Admin PUTs, rollbacks and file hot-reloads all come through
-``apply_policy_text``, one at a time per holder.
+``apply_policy_text``, one at a time per holder; ``check_policy_text`` is the same validation as a dry
+run (``POST /admin/policy/validate``), which changes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from homeai.policy.loader import diff_policies, parse_policy
+from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
 from homeai.repository.entries import EntryError, load_entries
 from homeai.store.db import Store
@@ -39,6 +41,16 @@ class Applied:
     stored_version: int | None = None
     warning: str | None = None
     written_to: str | None = None
+
+
+@dataclass(slots=True)
+class Checked:
+    """What applying would do: the validated policy, whether the running text would change (as
+    ``Applied.changed``: a comment-only edit changes the text, with an empty diff) and the diff."""
+
+    policy: Policy
+    changed: bool
+    diff: list[str]
 
 
 def repository_models() -> frozenset[str] | None:
@@ -93,6 +105,13 @@ async def record_running_policy(holder: PolicyHolder, store: Store | None, appli
     if latest is not None and latest.yaml_text == text:
         return latest.version
     return (await store.policy_versions.record(text, applied_by, note)).version
+
+
+def check_policy_text(holder: PolicyHolder, text: str, source: str = "<admin>") -> Checked:
+    """Validate ``text`` exactly as ``apply_policy_text`` does (PolicyError with key paths and lines if
+    invalid) and compare it with the running policy; swaps, stores and writes nothing."""
+    policy = parse_policy(text, source, repository_models())
+    return Checked(policy, text != running_text(holder), diff_policies(holder.current, policy))
 
 
 async def apply_policy_text(holder: PolicyHolder, store: Store | None, text: str, applied_by: str,

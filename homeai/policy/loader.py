@@ -28,7 +28,8 @@ _KNOWN_KEYS = sorted(
 
 
 class PolicyError(Exception):
-    """An invalid policy. ``errors`` is a list of (key_path, message); key_path is "" for the file."""
+    """An invalid policy. ``errors`` is a list of (key_path, message); key_path is "" for the file.
+    ``lines`` maps a key path to the 1-based line it sits on ("" -> the line of a YAML syntax error)."""
 
     def __init__(self, source: str, errors: list[tuple[str, str]], lines: dict[str, int] | None = None):
         self.source = source
@@ -39,11 +40,14 @@ class PolicyError(Exception):
     def __str__(self) -> str:
         n = len(self.errors)
         out = [f"{self.source}: invalid policy ({n} error{'s' if n != 1 else ''})"]
-        for path, msg in self.errors:
-            line = self.lines.get(path)
-            where = f"{self.source}:{line}: " if line else ""
+        for path, msg, line in self.located():
+            where = f"{self.source}:{line}: " if line and path else ""  # a syntax error names its line itself
             out.append(f"  {where}{path + ': ' if path else ''}{msg}")
         return "\n".join(out)
+
+    def located(self) -> list[tuple[str, str, int | None]]:
+        """(key path, message, 1-based line or None) of every error, in order."""
+        return [(path, msg, self.lines.get(path)) for path, msg in self.errors]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -102,7 +106,8 @@ def parse_policy(text: str, source: str = "<string>", known_models: Collection[s
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise PolicyError(source, [("", f"YAML syntax error: {where}{e.problem or e}")]) from e
+        lines = {"": mark.line + 1} if mark is not None else None
+        raise PolicyError(source, [("", f"YAML syntax error: {where}{e.problem or e}")], lines) from e
     except yaml.YAMLError as e:
         raise PolicyError(source, [("", f"YAML error: {e}")]) from e
     if not isinstance(data, dict):

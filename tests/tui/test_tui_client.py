@@ -1,5 +1,6 @@
-"""The TUI's parts that need no model server: the SSE feed reconnecting, error bodies, key-path lines,
-the chart and history maths, and the rule that the TUI imports nothing from ``homeai``."""
+"""The TUI's parts that need no model server: the SSE feed reconnecting, error bodies with their lines,
+the chart and history maths, the jobs screen on /v1/jobs's documents, and the rule that the TUI imports
+nothing from ``homeai``."""
 
 from __future__ import annotations
 
@@ -16,15 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from textual.widgets import Static, TextArea
+from textual.widgets import OptionList, Static, TextArea
 from tui_helpers import ReplayClient
 
 from tui.app import MonitorApp
 from tui.client import ApiError, GatewayClient, JobsUnavailable, SseParser
+from tui.documents import JobView, StatsDoc, convert
 from tui.history import StatsHistory
-from tui.screens.jobs import job_fields
+from tui.screens.jobs import job_line, job_pace
 from tui.widgets import StatusLine, chart_rows
-from tui.yaml_paths import line_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,28 +48,19 @@ async def test_errors_keep_key_paths_and_jobs_404_is_unavailable() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/admin/policy":
             return httpx.Response(422, json={"error": {"message": "invalid policy (1 error)", "errors": [
-                {"path": "classes.voice.priority", "message": "must be >= 0"}]}})
+                {"path": "classes.voice.priority", "message": "must be >= 0", "line": 13}]}})
         return httpx.Response(404, json={"status_code": 404, "detail": "Not Found"})
 
     client = GatewayClient("http://x", key="k", transport=httpx.MockTransport(answer))
     assert client.http.headers["authorization"] == "Bearer k"
     with pytest.raises(ApiError) as failed:
         await client.put_policy("classes: {}")
-    assert failed.value.status == 422 and failed.value.errors[0]["path"] == "classes.voice.priority"
+    assert failed.value.status == 422
+    assert (failed.value.errors[0].path, failed.value.errors[0].line) == ("classes.voice.priority", 13)
     with pytest.raises(JobsUnavailable):
         await client.list_jobs()
     assert await client.validate_policy("x: 1") is None  # no dry-run endpoint: never falls back to PUT
     await client.aclose()
-
-
-def test_key_paths_land_on_their_lines() -> None:
-    text = "version: 1\nclasses:\n  voice:\n    priority: 0\n    targets: {ttft_ms: 300}\n  chat:\n    priority: 1\n"
-    assert line_of(text, "classes.voice.priority") == 4
-    assert line_of(text, "classes.chat.priority") == 7
-    assert line_of(text, "classes.voice.targets.ttft_ms") == 5  # inside a flow mapping: its parent
-    assert line_of(text, "classes.chat.model") == 6  # missing key: the class
-    assert line_of(text, "", "YAML syntax error: line 3, column 2: ...") == 3
-    assert line_of(text, "") is None
 
 
 def test_chart_marks_misses_and_history_buckets_by_server_time() -> None:
@@ -77,19 +69,32 @@ def test_chart_marks_misses_and_history_buckets_by_server_time() -> None:
     assert rows[-1].plain[0] != " " and rows[0].plain[2] == "█"  # both drawn; 400 reaches the top
     history = StatsHistory()
     for t, p99 in ((1000.0, 50.0), (1160.0, 80.0), (1170.0, 60.0)):
-        history.add({"time": t, "classes": {"voice": {"ttft_p50_ms": 1.0, "ttft_p99_ms": p99}},
-                     "users": {"kids": {"tokens_per_s_10s": p99 / 10}}})
+        history.add(convert({"time": t, "classes": {"voice": {"ttft_p50_ms": 1.0, "ttft_p99_ms": p99}},
+                             "users": {"kids": {"tokens_per_s_10s": p99 / 10}}}, StatsDoc))
     assert history.ttft_buckets("voice", 3, span_s=180.0) == [50.0, None, 80.0]
     assert history.rate_buckets("kids", 3, span_s=180.0) == [5.0, 0.0, 8.0]
     assert history.peak_rate() == 8.0
 
 
-def test_job_fields_read_either_shape() -> None:
-    flat = job_fields({"id": 1, "kind": "index", "path": "/docs", "state": "running", "done": 5, "total": 10})
-    nested = job_fields({"id": 2, "kind": "index", "args": {"path": "/docs"}, "status": "paused",
-                         "progress": {"done": 5, "total": 10, "rate": 2.5, "eta_s": 2}})
-    assert (flat["done"], flat["total"], flat["state"], flat["label"]) == (5, 10, "running", "index /docs")
-    assert (nested["rate"], nested["eta_s"], nested["state"]) == (2.5, 2, "paused")
+def job_doc(jid: int, state: str = "running", **spec: object) -> dict[str, object]:
+    """A job as GET /v1/jobs sends it (homeai/api/jobs_schemas.py JobView)."""
+    return {"id": jid, "kind": "index", "state": state,
+            "spec": spec or {"path": "/home/docs", "collection": "docs"}, "schedule": None, "next_run_at": None,
+            "progress": {"done_chunks": 40, "total_chunks": 100, "done_files": 2, "total_files": 5,
+                         "phase": "embedding", "chunks_per_s": 8.0, "eta_s": 7.5},
+            "error": None, "created_by": "anonymous", "created_at": "2026-01-01T08:00:00+00:00",
+            "started_at": "2026-01-01T08:00:01+00:00", "finished_at": None, "runs": []}
+
+
+def test_jobs_read_the_fields_the_server_sends() -> None:
+    job = convert(job_doc(1), JobView)
+    assert job_line(job).plain == "#1 running  index docs ← /home/docs · embedding"
+    assert job_pace(job).plain == "2/5 files · 40/100 chunks · 8.0/s · ETA 7s"
+    failed = convert({**job_doc(2, "failed"), "error": "folder vanished"}, JobView)
+    assert job_line(failed).plain.endswith("· folder vanished")
+    assert job_pace(failed).plain == "2/5 files · 40/100 chunks"  # no rate once it stopped
+    with pytest.raises(ValueError):  # a job without its id is not a job: refused, not guessed at
+        convert({"kind": "index", "state": "running"}, JobView)
 
 
 # ---- the stats feed: disconnected, then live when a server appears, then disconnected again ------------
@@ -157,12 +162,10 @@ async def test_stats_feed_shows_disconnected_and_reconnects_by_itself(
 
 
 class FakeJobsApi:
-    """/v1/jobs as issue 5 describes it, in memory (the real one may not exist yet)."""
+    """/v1/jobs in memory, answering the server's documents (``job_doc``)."""
 
     def __init__(self) -> None:
-        self.jobs: dict[str, dict[str, object]] = {
-            "1": {"id": "1", "kind": "index", "path": "/home/docs", "state": "running",
-                  "progress": {"done": 40, "total": 100, "rate": 8.0, "eta_s": 7.5}}}
+        self.jobs: dict[str, dict[str, object]] = {"1": job_doc(1)}
         self.calls: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -172,8 +175,11 @@ class FakeJobsApi:
             return httpx.Response(200, json={"jobs": list(self.jobs.values())})
         if path == "/v1/jobs" and method == "POST":
             body = json.loads(request.content)
-            job = {"id": str(len(self.jobs) + 1), **body, "state": "queued", "done": 0, "total": None}
-            self.jobs[str(job["id"])] = job
+            jid = len(self.jobs) + 1
+            job = {**job_doc(jid, "queued", path=body["path"], collection=body["collection"]),
+                   "progress": {"done_chunks": 0, "total_chunks": 0, "done_files": 0, "total_files": 0,
+                                "phase": None, "chunks_per_s": 0.0, "eta_s": None}}
+            self.jobs[str(jid)] = job
             return httpx.Response(201, json=job)
         jid, _, action = path.removeprefix("/v1/jobs/").partition("/")
         if jid not in self.jobs:
@@ -210,7 +216,7 @@ async def test_jobs_screen_pause_resume_cancel_and_add(tmp_path: Path) -> None:
         await until(lambda: api.jobs["1"]["state"] == "running")
         await pilot.press("a", *str(tmp_path / "photos"), "enter")
         await until(lambda: "2" in api.jobs)
-        assert api.jobs["2"]["path"] == str(tmp_path / "photos") and api.jobs["2"]["collection"] == "photos"
+        assert api.jobs["2"]["spec"] == {"path": str(tmp_path / "photos"), "collection": "photos"}
         await until(lambda: len(screen.query("JobItem")) == 2)
         await pilot.press("up", "x")  # the highlighted job is cancelled
         await until(lambda: len(api.jobs) == 1)
@@ -226,7 +232,9 @@ def test_cli_registers_tui_with_url_and_key() -> None:
     assert (args.url, args.key, args.func) == ("http://box:8000", "secret", cmd_tui)
 
 
-async def test_validate_finds_broken_yaml_without_the_server() -> None:
+async def test_validate_is_the_servers_dry_run_with_its_lines() -> None:
+    """Ctrl+T asks the server (POST /admin/policy/validate) and lists each error at the line the server
+    gave; it never applies. Before, a local tree-sitter check put most YAML errors on line 1."""
     client = ReplayClient(docs=[])
     app = MonitorApp(client)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -234,14 +242,19 @@ async def test_validate_finds_broken_yaml_without_the_server() -> None:
         editor = app.screen.query_one("#editor", TextArea)
         while editor.text != client.policy_text:
             await pilot.pause(0.05)
-        editor.load_text(client.policy_text.replace("targets: {ttft_ms: 300, itl_ms: 100}", "targets: {ttft_ms: 300"))
+        editor.load_text(client.invalid_text)
         await pilot.press("ctrl+t")
-        verdict = app.screen.query_one("#verdict", Static)
-        while "YAML" not in str(verdict.render()):
+        findings = app.screen.query_one("#findings", OptionList)
+        while findings.option_count < 3:
             await pilot.pause(0.05)
-        assert "broken" in str(verdict.render())
+        labels = [str(findings.get_option_at_index(i).prompt) for i in range(3)]
+        assert [label.split()[0] for label in labels] == ["L13", "L41", "L38"], labels
+        assert editor.cursor_location[0] + 1 == 13  # the editor jumped to the first
         assert client.put_texts == []  # validate never applies
         editor.load_text(client.policy_text)
         await pilot.press("ctrl+t")
-        while "syntax ok" not in str(verdict.render()):
+        verdict = app.screen.query_one("#verdict", Static)
+        while "valid" not in str(verdict.render()):
             await pilot.pause(0.05)
+        assert "same as the running policy" in str(verdict.render()) and findings.option_count == 0
+        assert client.put_texts == []

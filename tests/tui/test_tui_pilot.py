@@ -3,7 +3,8 @@
 A restart test stops and starts a server under the app: "disconnected", then live again by itself.
 The policy test edits through the editor's keys: an invalid edit must show each error at its line and
 leave the server's policy alone; a valid one must change what GET /admin/policy answers, and the
-history modal must roll it back.
+history modal must roll it back. Validate (Ctrl+T) is the server's dry run: an error on line 21 is shown
+on line 21, and nothing changes. The jobs screen shows what GET /v1/jobs says of a running job.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ async def test_dashboard_shows_live_classes_people_and_device(server_url: str) -
     app = MonitorApp(GatewayClient(server_url))
     async with app.run_test(size=SIZE) as pilot:
         await asyncio.gather(chat(server_url, "voice", "kids"), chat(server_url, "chat", "alice"))
-        await wait_for(pilot, lambda: app.stats and app.stats["classes"]["voice"]["ttft_samples"] > 0
-                       and "alice" in app.stats["users"])
+        await wait_for(pilot, lambda: app.stats and app.stats.classes["voice"].ttft_samples > 0
+                       and "alice" in app.stats.users)
         await pilot.pause(0.3)
         assert "live" in text_of(app.screen.query_one(StatusLine))
         table = app.screen.query_one("#classes", DataTable)
@@ -116,7 +117,7 @@ async def test_policy_editor_invalid_then_valid_then_rollback(server_url: str) -
         await wait_for(pilot, lambda: "applied" in text_of(screen.query_one("#verdict", Static)))
         assert "classes.voice.targets.ttft_ms" in str(findings.get_option_at_index(0).prompt)
         assert "ttft_ms: 250" in httpx.get(f"{server_url}/admin/policy").text
-        await wait_for(pilot, lambda: app.stats and app.stats["classes"]["voice"]["targets"]["ttft_ms"] == 250)
+        await wait_for(pilot, lambda: app.stats and app.stats.classes["voice"].targets.ttft_ms == 250)
 
         # 3. history: the previous version is the second row; Enter rolls back to it
         await pilot.press("ctrl+o")
@@ -131,6 +132,51 @@ async def test_policy_editor_invalid_then_valid_then_rollback(server_url: str) -
         await wait_for(pilot, lambda: "rolled back" in text_of(screen.query_one("#verdict", Static)))
         assert "ttft_ms: 300" in httpx.get(f"{server_url}/admin/policy").text
         assert editor.text == httpx.get(f"{server_url}/admin/policy").text
+
+
+def on_line(text: str, number: int, new: str) -> str:
+    """``text`` with its line ``number`` (1-based) replaced by ``new``."""
+    lines = text.splitlines(keepends=True)
+    lines[number - 1] = new + "\n"
+    return "".join(lines)
+
+
+async def test_validate_shows_an_error_on_line_21_on_line_21(server_url: str) -> None:
+    """Issue 21: a YAML error on line 21 was reported on line 1 (the editor's own check, then key paths
+    re-derived by regexes); Validate is now the server's dry run and shows the line the server found."""
+    original = httpx.get(f"{server_url}/admin/policy").text
+    history = httpx.get(f"{server_url}/admin/policy/history").json()
+    line21 = original.splitlines()[20]
+    assert line21.strip().startswith("max_running:"), line21  # voice's max_running in the default policy
+    app = MonitorApp(GatewayClient(server_url))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        screen = app.screen
+        assert isinstance(screen, PolicyScreen)
+        editor = screen.query_one("#editor", TextArea)
+        findings = screen.query_one("#findings", OptionList)
+        verdict = screen.query_one("#verdict", Static)
+        await wait_for(pilot, lambda: editor.text == original)
+
+        for broken, path in ((on_line(original, 21, "\t" + line21.lstrip()), "(file)"),  # a tab: YAML syntax
+                             (on_line(original, 21, line21.replace(": 8", ": -1", 1)), "classes.voice.max_running")):
+            editor.load_text(broken)
+            editor.move_cursor((0, 0))
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: findings.option_count == 1 and "✖" in text_of(verdict)  # noqa: B023
+                           and path in str(findings.get_option_at_index(0).prompt))  # noqa: B023
+            label = str(findings.get_option_at_index(0).prompt)
+            assert label.split()[0] == "L21", label
+            assert editor.cursor_location[0] + 1 == 21  # the editor jumped to it
+            assert httpx.get(f"{server_url}/admin/policy").text == original
+
+        editor.load_text(on_line(original, 21, line21.replace(": 8", ": 6", 1)))
+        await pilot.press("ctrl+t")
+        await wait_for(pilot, lambda: "valid" in text_of(verdict))
+        assert "1 change(s) if applied" in text_of(verdict)
+        assert "classes.voice.max_running" in str(findings.get_option_at_index(0).prompt)
+    assert httpx.get(f"{server_url}/admin/policy").text == original
+    assert httpx.get(f"{server_url}/admin/policy/history").json() == history  # nothing was applied
 
 
 async def test_jobs_screen_adds_pauses_resumes_and_cancels(tui_server: ServerProcess, tmp_path: Path) -> None:
@@ -154,6 +200,16 @@ async def test_jobs_screen_adds_pauses_resumes_and_cancels(tui_server: ServerPro
 
         await wait_for(pilot, marker.exists, timeout_s=120)  # the first file is embedded on a busy CPU
         assert state() == "running"
+        # the row shows the server's own fields: the collection and folder from ``spec``, files and chunks
+        # done of their totals from ``progress`` (the job holds still at the pause point)
+        row = screen.query(JobItem).last()
+        job = httpx.get(f"{server_url}/v1/jobs/{jid}").json()
+        progress = job["progress"]
+        assert (progress["done_files"], progress["total_files"]) == (1, 3), progress
+        figures = f"1/3 files · {progress['done_chunks']}/{progress['total_chunks']} chunks"
+        await wait_for(pilot, lambda: figures in str(row.query_one(".pace", Label).render()))
+        what = str(row.query_one(".what", Label).render())
+        assert f"#{jid} running" in what and f"index {job['spec']['collection']} ←" in what, what
         screen.query_one("#jobs", ListView).index = len(screen.query(JobItem)) - 1
         await pilot.press("space")
         await wait_for(pilot, lambda: "pause" in text_of(screen.query_one("#jobs-note", Static)))

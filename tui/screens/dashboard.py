@@ -13,11 +13,12 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from tui.documents import ClassStats, DeviceStats, UserStats
 from tui.format import BAD, DIM, bar, fmt_ms, fmt_rate, pair, spark
 from tui.history import StatsHistory
+from tui.monitor import StatsScreen, monitor_of
 from tui.widgets import LatencyChart, StatusLine
 
 CLASS_COLUMNS = (("class", "class"), ("queue", "queued"), ("run", "running"), ("TTFT p50/99", "ttft"),
@@ -26,38 +27,42 @@ CHART_SPAN_S = 180.0
 PEOPLE_SPAN_S = 120.0
 
 
-def chart_classes(classes: dict[str, dict[str, Any]]) -> list[str]:
+def class_order(entry: ClassStats) -> int:
+    """Most important first; a class without a priority (no longer in the policy) last."""
+    return entry.priority if entry.priority is not None else 99
+
+
+def chart_classes(classes: dict[str, ClassStats]) -> list[str]:
     """voice and chat when the policy has them, else the two most important interactive LLM classes."""
     preferred = [c for c in ("voice", "chat") if c in classes]
-    rest = sorted((c for c, e in classes.items() if c not in preferred and e.get("kind", "llm") == "llm"
-                   and not e.get("background")), key=lambda c: (classes[c].get("priority", 99), c))
+    rest = sorted((c for c, e in classes.items() if c not in preferred and e.kind == "llm" and not e.background),
+                  key=lambda c: (class_order(classes[c]), c))
     return (preferred + rest)[:2]
 
 
-def hit_cell(entry: dict[str, Any]) -> Text:
+def hit_cell(entry: ClassStats) -> Text:
     """Prefix-cache hit rate since start: share of prompt tokens / of requests served from the cache."""
-    prefix = entry.get("prefix_cache") or {}
-    if not prefix.get("requests"):
+    prefix = entry.prefix_cache
+    if not prefix.requests:
         return Text("–", DIM, justify="right")
-    tokens, requests = float(prefix.get("token_hit_rate", 0.0)), float(prefix.get("request_hit_rate", 0.0))
+    tokens, requests = prefix.token_hit_rate, prefix.request_hit_rate
     return Text(f"{100 * tokens:.0f}/{100 * requests:.0f}", style="" if tokens else DIM, justify="right")
 
 
-def class_cells(entry: dict[str, Any]) -> dict[str, Text | str]:
+def class_cells(entry: ClassStats) -> dict[str, Text | str]:
     """One Classes row: every latency coloured against the class's own target."""
-    targets = entry.get("targets") or {}
-    ttft_t, itl_t = targets.get("ttft_ms"), targets.get("itl_ms")
-    rejected = sum((entry.get("rejections") or {}).values())
+    ttft_t, itl_t = entry.targets.ttft_ms, entry.targets.itl_ms
+    rejected = sum(entry.rejections.values())
     target = f"{fmt_ms(ttft_t)}/{fmt_ms(itl_t)}" if ttft_t or itl_t else "–"
-    is_llm = entry.get("kind", "llm") == "llm"
+    is_llm = entry.kind == "llm"
     return {
-        "queued": Text(str(entry.get("queued", 0)), style=BAD if entry.get("queued", 0) > 8 else "", justify="right"),
-        "running": Text(str(entry.get("running", 0)), justify="right"),
-        "ttft": pair(entry.get("ttft_p50_ms"), entry.get("ttft_p99_ms"), ttft_t),
-        "itl": pair(entry.get("itl_p50_ms"), entry.get("itl_p99_ms"), itl_t) if is_llm else Text("–", DIM),
+        "queued": Text(str(entry.queued), style=BAD if entry.queued > 8 else "", justify="right"),
+        "running": Text(str(entry.running), justify="right"),
+        "ttft": pair(entry.ttft_p50_ms, entry.ttft_p99_ms, ttft_t),
+        "itl": pair(entry.itl_p50_ms, entry.itl_p99_ms, itl_t) if is_llm else Text("–", DIM),
         "target": Text(target, style=DIM),
         "hit": hit_cell(entry) if is_llm else Text("–", DIM, justify="right"),
-        "ok": Text(str((entry.get("requests") or {}).get("ok", 0)), justify="right"),
+        "ok": Text(str(entry.requests.get("ok", 0)), justify="right"),
         "rej": Text(str(rejected), style=BAD if rejected else DIM, justify="right"),
     }
 
@@ -76,42 +81,41 @@ class PersonRow(Horizontal):
         yield Static(classes="spark")
         yield Static(classes="fair")
 
-    def show(self, entry: dict[str, Any], history: StatsHistory) -> None:
+    def show(self, entry: UserStats, history: StatsHistory) -> None:
         self.query_one(".rates", Static).update(
-            f"{fmt_rate(entry.get('tokens_per_s_10s')):>6} {fmt_rate(entry.get('tokens_per_s_60s')):>6}")
+            f"{fmt_rate(entry.tokens_per_s_10s):>6} {fmt_rate(entry.tokens_per_s_60s):>6}")
         spark_box = self.query_one(".spark", Static)
         columns = max(spark_box.size.width, 1)
         spark_box.update(spark(history.rate_buckets(self.user, columns, PEOPLE_SPAN_S), history.peak_rate()))
-        fairness = entry.get("fairness") or {}
-        text = " ".join(f"{c}:{v:.0f}" for c, v in sorted(fairness.items()) if v) or "–"
+        text = " ".join(f"{c}:{v:.0f}" for c, v in sorted(entry.fairness.items()) if v) or "–"
         self.query_one(".fair", Static).update(Text(text, style=DIM, overflow="ellipsis", no_wrap=True))
 
 
-def device_line(model: str, d: dict[str, Any], width: int = 14) -> Text:
+def device_line(model: str, d: DeviceStats, width: int = 14) -> Text:
     """KV usage as a bar, then steps/s, the last batch and preemptions; then what the model runs: its
     weight format and how many decode buckets are compiled (steps of the others run eager)."""
     name = model if len(model) <= width else model[: width - 1] + "…"
-    preempt = int(d.get("preemptions", 0))
-    line = Text.assemble((f"{name:<{width}} ", "bold"), "KV ", bar(d.get("kv_usage"), 16),
-                         f" {100 * float(d.get('kv_usage') or 0):3.0f}%", (" · ", DIM),
-                         f"{float(d.get('steps_per_s') or 0):.1f} steps/s", (" · batch ", DIM),
-                         f"{d.get('last_batch_tokens', 0)}t/{d.get('last_batch_seqs', 0)}s",
+    preempt = d.preemptions
+    line = Text.assemble((f"{name:<{width}} ", "bold"), "KV ", bar(d.kv_usage, 16),
+                         f" {100 * d.kv_usage:3.0f}%", (" · ", DIM),
+                         f"{d.steps_per_s:.1f} steps/s", (" · batch ", DIM),
+                         f"{d.last_batch_tokens}t/{d.last_batch_seqs}s",
                          (" · ", DIM), (f"{preempt} preempt", BAD if preempt else DIM))
-    if "weights" in d:
-        line.append(" · ", DIM).append(str(d["weights"]) if d["weights"] != "none" else str(d.get("dtype", "float")))
-    compiled = d.get("compiled_decode")
-    if isinstance(compiled, dict):
-        ready, buckets = len(compiled.get("ready") or []), len(compiled.get("buckets") or [])
-        if compiled.get("failed"):
+    if d.weights is not None:  # older servers do not say
+        line.append(" · ", DIM).append(d.weights if d.weights != "none" else d.dtype or "float")
+    compiled = d.compiled_decode
+    if compiled is not None:
+        if compiled.failed:
             line.append(" · eager (compile failed)", BAD)
         else:
+            ready, buckets = len(compiled.ready), len(compiled.buckets)
             line.append(f" · compiled {ready}/{buckets}", DIM if ready < buckets else "")
-    elif "weights" in d:
+    elif d.weights is not None:
         line.append(" · eager", DIM)
     return line
 
 
-class DashboardScreen(Screen[None]):
+class DashboardScreen(StatsScreen):
     """Redrawn on every streamed stats document; reads the app's ``stats`` and ``history``."""
 
     DEFAULT_CSS = """
@@ -159,20 +163,19 @@ class DashboardScreen(Screen[None]):
 
     def refresh_stats(self) -> None:
         """Draw the app's latest document (called by the app for each one, and when shown)."""
-        doc: dict[str, Any] | None = getattr(self.app, "stats", None)
-        history: StatsHistory | None = getattr(self.app, "history", None)
-        if not doc or history is None or not self.is_mounted:
+        app = monitor_of(self)
+        doc, history = app.stats, app.history
+        if doc is None or not self.is_mounted:
             return
-        classes = doc.get("classes") or {}
-        self._show_classes(classes)
-        self._show_charts(classes, history)
-        self._show_people(doc.get("users") or {}, history)
-        lines = [device_line(m, d) for m, d in sorted((doc.get("device") or {}).items())]
+        self._show_classes(doc.classes)
+        self._show_charts(doc.classes, history)
+        self._show_people(doc.users, history)
+        lines = [device_line(m, d) for m, d in sorted(doc.device.items())]
         self.query_one("#device", Static).update(Text("\n").join(lines) if lines else Text("no device", DIM))
 
-    def _show_classes(self, classes: dict[str, dict[str, Any]]) -> None:
+    def _show_classes(self, classes: dict[str, ClassStats]) -> None:
         table = self.query_one("#classes", DataTable)
-        order = sorted(classes, key=lambda c: (classes[c].get("priority", 99), c))
+        order = sorted(classes, key=lambda c: (class_order(classes[c]), c))
         if [str(k.value) for k in table.rows] != order:
             table.clear()
             for name in order:
@@ -183,16 +186,15 @@ class DashboardScreen(Screen[None]):
             for key, value in class_cells(classes[name]).items():
                 table.update_cell(name, key, value)
 
-    def _show_charts(self, classes: dict[str, dict[str, Any]], history: StatsHistory) -> None:
+    def _show_charts(self, classes: dict[str, ClassStats], history: StatsHistory) -> None:
         for i, name in enumerate(chart_classes(classes)):
             chart = self.query_one(f"#chart-{i}", LatencyChart)
             chart.class_name = name
             entry = classes[name]
-            target = (entry.get("targets") or {}).get("ttft_ms")
             values = history.ttft_buckets(name, chart.columns(), chart.span_s)
-            chart.set_data(values, target, (entry.get("ttft_p50_ms"), entry.get("ttft_p99_ms")))
+            chart.set_data(values, entry.targets.ttft_ms, (entry.ttft_p50_ms, entry.ttft_p99_ms))
 
-    def _show_people(self, users: dict[str, dict[str, Any]], history: StatsHistory) -> None:
+    def _show_people(self, users: dict[str, UserStats], history: StatsHistory) -> None:
         box = self.query_one("#people", Vertical)
         rows = {row.user: row for row in box.query(PersonRow)}
         new = sorted(users.keys() - rows.keys())

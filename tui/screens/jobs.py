@@ -1,15 +1,12 @@
-"""Jobs: background work (folder indexing, scheduled prompts) with progress bars, rate and ETA.
+"""Jobs: background work (folder indexing, scheduled prompts, retention) with progress bars, rate and ETA.
 
-Polls GET /v1/jobs once a second while shown. Servers without the jobs API (404/405) get a plain
-"jobs API not available" line instead of an error. Field names are read tolerantly (``state`` or
-``status``; progress at the top level or under ``progress``); a rate the server does not send is
-measured here from successive polls.
+Polls GET /v1/jobs once a second while shown and reads its jobs as ``tui.documents.JobView`` (the server's
+``homeai/api/jobs_schemas.py`` JobView): ``state``, the folder and collection in ``spec``, and in
+``progress`` files and chunks done of their totals, ``chunks_per_s``, ``eta_s`` and the ``phase``. Servers
+without the jobs API (404/405) get a plain "jobs API not available" line instead of an error.
 """
 
 from __future__ import annotations
-
-import time
-from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -20,69 +17,64 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, ListItem, ListView, ProgressBar, Static
 
 from tui.client import ApiError, GatewayClient, JobsUnavailable
+from tui.documents import JobView
 from tui.format import BAD, DIM, GOOD, WARN, fmt_duration
+from tui.monitor import monitor_of
 from tui.widgets import StatusLine
 
-STATE_STYLE = {"running": GOOD, "paused": WARN, "failed": BAD, "error": BAD, "cancelled": DIM, "done": DIM}
+STATE_STYLE = {"running": GOOD, "queued": "", "paused": WARN, "failed": BAD, "done": DIM}
 POLL_S = 1.0
 
 
-def job_id(job: dict[str, Any]) -> str:
-    return str(job.get("id", job.get("job_id", "?")))
+def job_line(job: JobView) -> Text:
+    """The first line of a job: id, state, kind and what it works on (a failed job: why)."""
+    line = Text.assemble((f"#{job.id} ", "bold"), (f"{job.state:<8}", STATE_STYLE.get(job.state, "")), " ",
+                         (job.kind, DIM), " ", job.target())
+    if job.state == "failed" and job.error:
+        line.append(f" · {job.error}", BAD)
+    elif job.progress.phase and job.state == "running":
+        line.append(f" · {job.progress.phase}", DIM)
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line
 
 
-def job_fields(job: dict[str, Any]) -> dict[str, Any]:
-    """done, total, rate (per s), eta_s, state and a label from whichever shape the server sends."""
-    progress: dict[str, Any] = p if isinstance(p := job.get("progress"), dict) else {}
-
-    def pick(*names: str) -> Any:
-        for name in names:
-            for source in (progress, job):
-                if source.get(name) is not None:
-                    return source[name]
-        return None
-
-    args: dict[str, Any] = a if isinstance(a := job.get("spec") or job.get("args"), dict) else {}
-    target = job.get("path") or args.get("path") or job.get("name") or job.get("collection") or ""
-    return {"done": pick("done", "done_chunks", "completed"), "total": pick("total", "total_chunks"),
-            "rate": pick("rate", "rate_per_s", "chunks_per_s"), "eta_s": pick("eta_s", "eta"),
-            "state": str(job.get("state") or job.get("status") or "?"),
-            "label": f"{job.get('kind', 'job')} {target}".strip()}
+def job_pace(job: JobView) -> Text:
+    """The second line's figures: files and chunks done of their totals, chunks/s and the ETA while it
+    runs; for a job without counted work, its schedule."""
+    p = job.progress
+    if not p.total_files and not p.total_chunks and not p.done_chunks:
+        when = f"{job.schedule} · next {job.next_run_at}" if job.schedule and job.next_run_at else job.schedule
+        return Text(when or "–", style=DIM)
+    out = Text.assemble(f"{p.done_files}/{p.total_files}", (" files · ", DIM), f"{p.done_chunks}/{p.total_chunks}",
+                        (" chunks", DIM))
+    if job.state == "running":
+        out.append_text(Text.assemble((" · ", DIM), f"{p.chunks_per_s:.1f}/s", (" · ETA ", DIM),
+                                      fmt_duration(p.eta_s)))
+    return out
 
 
 class JobItem(ListItem):
-    """One job row: id/kind/target, state, a progress bar, rate and ETA."""
+    """One job: id, state, kind and target on the first line; a progress bar and its figures below."""
 
-    def __init__(self, jid: str) -> None:
-        super().__init__(id=f"job-{jid}" if jid.replace("-", "").isalnum() else None)
+    def __init__(self, jid: int) -> None:
+        super().__init__(id=f"job-{jid}")
         self.jid = jid
-        self._last: tuple[float, float] | None = None  # (monotonic s, done) at the previous poll
 
     def compose(self) -> ComposeResult:
+        yield Label(classes="what")
         with Horizontal():
-            yield Label(classes="what")
             yield ProgressBar(total=None, show_eta=False, show_percentage=True, classes="bar")
             yield Label(classes="pace")
 
-    def show(self, job: dict[str, Any]) -> None:
-        f = job_fields(job)
-        what = Text.assemble((f"#{self.jid} ", "bold"), (f"{f['state']:<9}", STATE_STYLE.get(f["state"], "")),
-                             f["label"])
-        what.truncate(34, overflow="ellipsis")
-        self.query_one(".what", Label).update(what)
-        done, total, rate = f["done"], f["total"], f["rate"]
-        if done is not None:
-            now = time.monotonic()
-            if rate is None and f["state"] == "running" and self._last is not None and now > self._last[0]:
-                rate = max(float(done) - self._last[1], 0.0) / (now - self._last[0])
-            self._last = (now, float(done))
-        self.query_one(".bar", ProgressBar).update(total=float(total) if total else None,
-                                                   progress=float(done or 0))
-        eta = f["eta_s"]
-        if eta is None and rate and total is not None and done is not None:
-            eta = (float(total) - float(done)) / float(rate)
-        pace = f"{float(rate):.1f}/s" if rate is not None else "–/s"
-        self.query_one(".pace", Label).update(Text(f"{pace} ETA {fmt_duration(eta)}", style=DIM))
+    def show(self, job: JobView) -> None:
+        self.query_one(".what", Label).update(job_line(job))
+        p = job.progress
+        total = p.total_chunks or p.total_files
+        done = p.done_chunks if p.total_chunks else p.done_files
+        if job.state == "done":
+            total, done = total or 1, total or 1
+        self.query_one(".bar", ProgressBar).update(total=float(total) if total else None, progress=float(done))
+        self.query_one(".pace", Label).update(job_pace(job))
 
 
 class JobsScreen(Screen[None]):
@@ -97,11 +89,12 @@ class JobsScreen(Screen[None]):
     DEFAULT_CSS = """
     JobsScreen #jobs-note { height: auto; padding: 0 1; }
     JobsScreen #jobs { height: 1fr; }
+    JobsScreen JobItem { height: 2; }
     JobsScreen JobItem Horizontal { height: 1; }
-    JobsScreen .what { width: 36; }
+    JobsScreen .what { width: 1fr; }
     JobsScreen .bar { width: 1fr; }
     JobsScreen .bar Bar { width: 1fr; }
-    JobsScreen .pace { width: 18; padding-left: 1; }
+    JobsScreen .pace { width: 44; padding-left: 1; }
     JobsScreen #add { height: 3; }
     JobsScreen #folder { width: 1fr; }
     JobsScreen #collection { width: 20; }
@@ -109,13 +102,13 @@ class JobsScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.jobs: dict[str, dict[str, Any]] = {}
+        self.jobs: dict[int, JobView] = {}
         self.available: bool | None = None
         self.last_action: Text | None = None
 
     @property
     def client(self) -> GatewayClient:
-        return self.app.client  # type: ignore[attr-defined, no-any-return]
+        return monitor_of(self).client
 
     def compose(self) -> ComposeResult:
         yield StatusLine()
@@ -161,7 +154,7 @@ class JobsScreen(Screen[None]):
             self.note(f"cannot list jobs: {e.message}", BAD)
             return
         self.available = True
-        self.jobs = {job_id(j): j for j in jobs}
+        self.jobs = {j.id: j for j in jobs}
         self.note(f"{len(jobs)} job(s)" if jobs else "no jobs yet · a adds a folder to index")
         await self._reconcile()
 
@@ -178,7 +171,7 @@ class JobsScreen(Screen[None]):
         if view.index is None and items:
             view.index = 0
 
-    def selected(self) -> str | None:
+    def selected(self) -> int | None:
         item = self.query_one("#jobs", ListView).highlighted_child
         return item.jid if isinstance(item, JobItem) else None
 
@@ -190,9 +183,9 @@ class JobsScreen(Screen[None]):
 
     def action_toggle_pause(self) -> None:
         jid = self.selected()
-        if jid is not None:
-            paused = job_fields(self.jobs.get(jid, {}))["state"] == "paused"
-            self.act(jid, "resume" if paused else "pause")
+        job = self.jobs.get(jid) if jid is not None else None
+        if job is not None:
+            self.act(job.id, "resume" if job.state == "paused" else "pause")
 
     def action_cancel(self) -> None:
         jid = self.selected()
@@ -200,7 +193,7 @@ class JobsScreen(Screen[None]):
             self.act(jid, "cancel")
 
     @work(group="jobs-act")
-    async def act(self, jid: str, action: str) -> None:
+    async def act(self, jid: int, action: str) -> None:
         try:
             await self.client.job_action(jid, action)
         except ApiError as e:
@@ -223,6 +216,6 @@ class JobsScreen(Screen[None]):
             self.tell(f"cannot add the job: {e.message}", BAD)
             return
         self.query_one("#folder", Input).value = ""
-        self.tell(f"added job #{job_id(job)}: index {folder}", GOOD)
+        self.tell(f"added job #{job.id}: index {folder} into {job.spec.get('collection', '?')}", GOOD)
         self.action_leave_input()
         self.poll()

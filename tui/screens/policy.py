@@ -1,12 +1,12 @@
-"""Policy editor: the running policy as YAML; validate, apply (PUT /admin/policy) and see what changed.
+"""Policy editor: the running policy as YAML; validate (the server's dry run, POST /admin/policy/validate),
+apply (PUT /admin/policy) and see what changed.
 
-Errors come back from the server as key paths; each is placed on its line (``tui.yaml_paths``) and
-choosing one moves the cursor there. History (Ctrl+O) lists applied versions and rolls back to one.
+Errors come back from the server with their key path, message and line (the server's parser knows where
+each key and each syntax error sits); each is listed at its line and choosing one moves the cursor there.
+History (Ctrl+O) lists applied versions and rolls back to one.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -17,29 +17,16 @@ from textual.widgets import Footer, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from tui.client import ApiError, GatewayClient
+from tui.documents import PolicyApplied, PolicyErrorItem
 from tui.format import BAD, DIM, GOOD, WARN
+from tui.monitor import monitor_of
 from tui.screens.policy_history import HistoryScreen
 from tui.widgets import StatusLine
-from tui.yaml_paths import line_of
 
 
 def yaml_language(editor: TextArea) -> str | None:
     """'yaml' when tree-sitter's YAML grammar is installed (textual[syntax]), else plain text."""
     return "yaml" if "yaml" in editor.available_languages else None
-
-
-def syntax_errors(editor: TextArea) -> list[int]:
-    """1-based lines where tree-sitter sees broken YAML (empty without the grammar): a check that needs
-    no server and catches a missing bracket before the 422 does."""
-    document = editor.document
-    prepare = getattr(document, "prepare_query", None)
-    if editor.language is None or prepare is None:
-        return []
-    query = prepare("(ERROR) @error")
-    if query is None:
-        return []
-    nodes = document.query_syntax_tree(query).get("error", [])  # type: ignore[attr-defined]
-    return sorted({node.start_point[0] + 1 for node in nodes})
 
 
 def diff_text(line: str) -> Text:
@@ -73,7 +60,7 @@ class PolicyScreen(Screen[None]):
 
     @property
     def client(self) -> GatewayClient:
-        return self.app.client  # type: ignore[attr-defined, no-any-return]
+        return monitor_of(self).client
 
     def compose(self) -> ComposeResult:
         yield StatusLine()
@@ -101,15 +88,13 @@ class PolicyScreen(Screen[None]):
         findings.clear_options()
         findings.add_options(options)
 
-    def show_errors(self, errors: list[dict[str, Any]]) -> None:
-        """Each error at its key path and line; the editor jumps to the first."""
-        text = self.text
+    def show_errors(self, errors: list[PolicyErrorItem]) -> None:
+        """Each error at its key path and the line the server gave; the editor jumps to the first."""
         options: list[Option] = []
         for err in errors:
-            path, message = str(err.get("path", "")), str(err.get("message", ""))
-            line = err.get("line") or line_of(text, path, message)
+            line = err.line
             where = f"L{line:<4}" if line else "     "
-            label = Text.assemble((where, DIM), (path or "(file)", "bold"), ": ", (message, BAD))
+            label = Text.assemble((where, DIM), (err.path or "(file)", "bold"), ": ", (err.message, BAD))
             options.append(Option(label, id=f"{len(options)}:{line or 0}"))
         self.show_findings(options)
         first = next((int(str(o.id).split(":")[1]) for o in options if not str(o.id).endswith(":0")), None)
@@ -153,12 +138,8 @@ class PolicyScreen(Screen[None]):
 
     @work(exclusive=True, group="policy")
     async def action_validate(self) -> None:
-        """Local YAML syntax check, then the server's dry run when it offers one; never applies."""
-        broken = syntax_errors(self.query_one("#editor", TextArea))
-        if broken:
-            self.show_errors([{"path": "", "message": "YAML syntax error (tree-sitter)", "line": n} for n in broken])
-            self.say(f"✖ YAML syntax broken on {len(broken)} line(s)", BAD)
-            return
+        """The server's dry run: the same checks as an apply, at their lines, or the diff it would make;
+        never applies."""
         try:
             result = await self.client.validate_policy(self.text)
         except ApiError as e:
@@ -166,12 +147,16 @@ class PolicyScreen(Screen[None]):
             return
         if result is None:
             self.show_findings([])
-            self.say("✔ YAML syntax ok · this server checks the schema on apply (an invalid policy changes "
-                     "nothing)", WARN)
+            self.say("this server has no dry run (POST /admin/policy/validate) · Ctrl+S checks and applies only "
+                     "a valid policy", WARN)
             return
-        self.show_findings([Option(diff_text(line)) for line in result.get("diff") or []])
-        self.say("✔ valid" + (f" · {len(result.get('diff') or [])} change(s) if applied" if "diff" in result
-                               else ""), GOOD)
+        self.show_findings([Option(diff_text(line)) for line in result.diff])
+        if not result.changed:
+            self.say("✔ valid · the same as the running policy", GOOD)
+        elif not result.diff:
+            self.say("✔ valid · only the text differs (comments, layout): the policy stays the same", GOOD)
+        else:
+            self.say(f"✔ valid · {len(result.diff)} change(s) if applied (Ctrl+S)", GOOD)
 
     @work(exclusive=True, group="policy")
     async def action_apply(self) -> None:
@@ -186,17 +171,16 @@ class PolicyScreen(Screen[None]):
         self.mark_modified()
         self.show_result(result, "applied")
 
-    def show_result(self, result: dict[str, Any], verb: str) -> None:
-        diff = result.get("diff") or []
+    def show_result(self, result: PolicyApplied, verb: str) -> None:
+        diff = result.diff
         self.show_findings([Option(diff_text(line)) for line in diff])
-        version = result.get("version")
-        where = f" as version {version}" if version is not None else ""
-        if not result.get("changed", bool(diff)):
+        where = f" as version {result.version}" if result.version is not None else ""
+        if not result.changed:
             self.say(f"✔ {verb}{where}: nothing changed", GOOD)
         else:
             self.say(f"✔ {verb}{where}: {len(diff)} change(s)", GOOD)
-        if result.get("warning"):
-            self.say(f"✔ {verb}{where} · ⚠ {result['warning']}", WARN)
+        if result.warning:
+            self.say(f"✔ {verb}{where} · ⚠ {result.warning}", WARN)
 
     def report_failure(self, e: ApiError) -> None:
         if e.errors:

@@ -65,11 +65,9 @@ class HistoryScreen(ModalScreen[int | None]):
             hint.update(Text(f"✖ {e.message}", style=BAD))
             return
         table = self.query_one(DataTable)
-        current = body.get("current")
-        for v in body.get("versions") or []:
-            mark = Text("●", style=GOOD) if v.get("version") == current else ""
-            table.add_row(mark, str(v.get("version")), when(str(v.get("applied_at", ""))),
-                          str(v.get("applied_by", "")), str(v.get("note") or ""), key=str(v.get("version")))
+        for v in body.versions:
+            mark = Text("●", style=GOOD) if v.version == body.current else ""
+            table.add_row(mark, str(v.version), when(v.applied_at), v.applied_by, v.note or "", key=str(v.version))
         hint.update(Text("● running · Enter rolls back to the highlighted version · Esc closes", style=DIM))
         table.focus()
 

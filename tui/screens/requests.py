@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
+from tui.documents import RecentRequest
 from tui.format import BAD, DIM, GOOD, WARN, fmt_clock, fmt_ms
+from tui.monitor import StatsScreen, monitor_of
 from tui.widgets import StatusLine
 
 COLUMNS = (("time", "time"), ("class", "class"), ("person", "user"), ("model", "model"),
@@ -18,24 +17,23 @@ MODEL_WIDTH = 12  # 80 columns hold every column with the model cut to this
 STATUS_STYLE = {"ok": GOOD, "aborted": WARN, "timeout": BAD, "rejected": BAD, "error": BAD}
 
 
-def request_cells(r: dict[str, Any], targets: dict[str, float | None]) -> list[Text | str]:
+def request_cells(r: RecentRequest, targets: dict[str, float | None]) -> list[Text | str]:
     """One row; TTFT is red when it missed the class's target."""
-    ttft, target = r.get("ttft_ms"), targets.get(str(r.get("class_name")))
-    model = str(r.get("model", ""))
-    status = str(r.get("status", ""))
+    ttft, target = r.ttft_ms, targets.get(r.class_name)
+    model = r.model
     return [
-        Text(fmt_clock(r.get("finished_at")), style=DIM),
-        str(r.get("class_name", "")),
-        str(r.get("user", "")),
+        Text(fmt_clock(r.finished_at), style=DIM),
+        r.class_name,
+        r.user,
         model if len(model) <= MODEL_WIDTH else model[: MODEL_WIDTH - 1] + "…",
-        Text(f"{r.get('num_prompt_tokens', 0)}→{r.get('num_output_tokens', 0)}", justify="right"),
+        Text(f"{r.num_prompt_tokens}→{r.num_output_tokens}", justify="right"),
         Text(fmt_ms(ttft), style=BAD if ttft is not None and target and ttft > target else "", justify="right"),
-        Text(fmt_ms(r.get("e2e_ms")), justify="right"),
-        Text(status, style=STATUS_STYLE.get(status, "")),
+        Text(fmt_ms(r.e2e_ms), justify="right"),
+        Text(r.status, style=STATUS_STYLE.get(r.status, "")),
     ]
 
 
-class RequestsScreen(Screen[None]):
+class RequestsScreen(StatsScreen):
     """Redrawn only when a new request finished, so the cursor stays where the reader put it."""
 
     DEFAULT_CSS = "RequestsScreen DataTable { height: 1fr; }"
@@ -59,14 +57,14 @@ class RequestsScreen(Screen[None]):
         self.refresh_stats()
 
     def refresh_stats(self) -> None:
-        doc: dict[str, Any] | None = getattr(self.app, "stats", None)
-        if not doc or not self.is_mounted:
+        doc = monitor_of(self).stats
+        if doc is None or not self.is_mounted:
             return
-        recent = [r for r in doc.get("recent") or [] if isinstance(r, dict)]
-        ids = [str(r.get("request_id", i)) for i, r in enumerate(recent)]
+        recent = doc.recent
+        ids = [r.request_id or str(i) for i, r in enumerate(recent)]
         if ids == self._shown:
             return
-        targets = {name: (c.get("targets") or {}).get("ttft_ms") for name, c in (doc.get("classes") or {}).items()}
+        targets = {name: c.targets.ttft_ms for name, c in doc.classes.items()}
         table = self.query_one(DataTable)
         row = table.cursor_row
         table.clear()

@@ -18,9 +18,12 @@ from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.admin_routes import admin_router
+from homeai.api.app import protection
+from homeai.api.drain import Drain
 from homeai.api.observability_routes import _stats_events, observability_router
 from homeai.api.policy_apply import running_text
 from homeai.api.policy_watcher import check_policy_file, start_policy_watcher
+from homeai.api.settings import Settings
 from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
@@ -85,6 +88,18 @@ CHAT_BATCH_32 = with_change("    max_batch_size: 16\n", "    max_batch_size: 32\
 VOICE_QUEUE_BAD = with_change("      max_queue_size: 16 ", "      max_queue_size: -1 ")
 
 
+def line_of(text: str, needle: str) -> int:
+    """1-based line of the first line of ``text`` containing ``needle``."""
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def tab_on_line(text: str, number: int) -> str:
+    """``text`` with line ``number`` indented by a tab: a YAML syntax error on that line."""
+    lines = text.splitlines(keepends=True)
+    lines[number - 1] = "\t" + lines[number - 1].lstrip()
+    return "".join(lines)
+
+
 async def test_get_policy_is_the_file_text(client: AsyncTestClient[Litestar]) -> None:
     r = await client.get("/admin/policy")
     assert r.status_code == 200 and r.text == DEFAULT_TEXT
@@ -105,6 +120,88 @@ async def test_invalid_policy_is_422_with_key_path_and_nothing_changes(
     assert await store.policy_versions.count() == 0
     r = await client.put("/admin/policy", content=b"classes: [unclosed")
     assert r.status_code == 422 and "YAML" in r.json()["error"]["errors"][0]["message"]
+
+
+async def test_put_422_gives_each_error_its_line(client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
+    """Issue 21: the server knew the lines (PolicyError.lines) and dropped them from the 422."""
+    r = await client.put("/admin/policy", content=VOICE_QUEUE_BAD)
+    assert r.status_code == 422
+    assert r.json()["error"]["errors"] == [
+        {"path": "classes.voice.default_queue_policy.max_queue_size",
+         "message": "Input should be greater than or equal to 0 (got -1)",
+         "line": line_of(VOICE_QUEUE_BAD, "max_queue_size: -1")}]
+    r = await client.put("/admin/policy", content=tab_on_line(DEFAULT_TEXT, 21))
+    assert r.status_code == 422
+    [error] = r.json()["error"]["errors"]
+    assert (error["path"], error["line"]) == ("", 21) and "line 21" in error["message"]
+    r = await client.put("/admin/policy", content=b"")  # a whole-file error without a line
+    assert r.status_code == 422 and r.json()["error"]["errors"][0]["line"] is None
+    assert holder.version == 1
+
+
+async def test_validate_is_a_dry_run(holder: PolicyHolder, store: Store, policy_file: Path) -> None:
+    """POST /admin/policy/validate: 200 with what applying would change for a valid policy, 422 with each
+    error's path, message and line for an invalid one; either way the running policy, its text, the
+    history and the policy file stay as they were."""
+    before = holder.current
+
+    async def nothing_changed() -> None:
+        assert holder.current is before and holder.version == 1
+        assert (await c.get("/admin/policy")).text == DEFAULT_TEXT
+        assert await store.policy_versions.count() == 0
+        assert policy_file.read_text(encoding="utf-8") == DEFAULT_TEXT
+
+    async with AsyncTestClient(app=make_app(holder, store, policy_path=policy_file)) as c:
+        r = await c.post("/admin/policy/validate", content=CHAT_BATCH_32, headers={"Content-Type": "application/yaml"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["valid"] is True and body["changed"] is True
+        assert body["diff"] == ["classes.chat.max_batch_size: 16 -> 32"]
+        assert {"voice", "chat"} <= set(body["policy"]["classes"])
+        await nothing_changed()
+        same = (await c.post("/admin/policy/validate", content=DEFAULT_TEXT)).json()
+        assert same["valid"] is True and same["changed"] is False and same["diff"] == []
+
+        bad = VOICE_QUEUE_BAD.replace("    max_running: 8 ", "    max_runnin: 8 ", 1)
+        r = await c.post("/admin/policy/validate", content=bad, headers={"Content-Type": "text/yaml"})
+        assert r.status_code == 422, r.text
+        assert {(e["path"], e["line"]) for e in r.json()["error"]["errors"]} == {
+            ("classes.voice.default_queue_policy.max_queue_size", line_of(bad, "max_queue_size: -1")),
+            ("classes.voice.max_runnin", line_of(bad, "max_runnin: 8"))}
+        assert all(e["message"] for e in r.json()["error"]["errors"])
+        await nothing_changed()
+
+        r = await c.post("/admin/policy/validate", content=tab_on_line(DEFAULT_TEXT, 21),
+                         headers={"Content-Type": "text/plain"})
+        assert r.status_code == 422
+        assert [(e["path"], e["line"]) for e in r.json()["error"]["errors"]] == [("", 21)]
+        assert (await c.post("/admin/policy/validate", content=b"\xff\xfe")).status_code == 400
+        await nothing_changed()
+
+
+async def test_validate_takes_yaml_and_needs_an_admin(holder: PolicyHolder, store: Store, tmp_path: Path) -> None:
+    """Behind the app's own guards, as served: PUT's YAML types, and an admin key once keys exist."""
+    settings = Settings(data_dir=tmp_path, job_roots=(tmp_path,), allowed_hosts=(), origins=())
+    state = {"settings": settings, "policy_holder": holder, "store": store, "drain": Drain(30.0)}
+    app = Litestar(route_handlers=[admin_router], **protection(settings), state=State(state))
+    async with AsyncTestClient(app=app, base_url="http://127.0.0.1:8000") as c:
+        for headers in ({"Content-Type": "application/yaml"}, {"Content-Type": "text/yaml; charset=utf-8"},
+                        {"Content-Type": "text/plain"}, {}):
+            r = await c.post("/admin/policy/validate", content=CHAT_BATCH_32, headers=headers)
+            assert r.status_code == 200, (headers, r.text)
+        r = await c.post("/admin/policy/validate", content=CHAT_BATCH_32,
+                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 415
+        admin_key, _ = await store.keys.create("dad", is_admin=True)
+        user_key, _ = await store.keys.create("kid-tablet", user="kids", default_class="voice")
+        assert (await c.post("/admin/policy/validate", content=CHAT_BATCH_32)).status_code == 401
+        r = await c.post("/admin/policy/validate", content=CHAT_BATCH_32,
+                         headers={"Authorization": f"Bearer {user_key}"})
+        assert r.status_code == 403
+        r = await c.post("/admin/policy/validate", content=CHAT_BATCH_32,
+                         headers={"Authorization": f"Bearer {admin_key}"})
+        assert r.status_code == 200 and r.json()["diff"] == ["classes.chat.max_batch_size: 16 -> 32"]
+    assert holder.version == 1 and await store.policy_versions.count() == 0
 
 
 async def test_put_applies_records_and_rolls_back(client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:

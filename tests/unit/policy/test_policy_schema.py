@@ -171,6 +171,24 @@ def test_yaml_syntax_errors_give_file_line_and_column() -> None:
     assert "bad.yaml" in text and "YAML syntax error: line 3, column 4" in text
 
 
+def test_every_error_carries_its_line_syntax_errors_too() -> None:
+    """Issue 21: a YAML syntax error's line was only in its message; ``located()`` gives each error's
+    line (what the admin 422 sends), the schema's from the key path, a syntax error's from the parser."""
+    lines = BASE.splitlines()
+    broken = "\n".join([*lines[:2], "\t" + lines[2].lstrip(), *lines[3:]]) + "\n"  # a tab on line 3
+    with pytest.raises(PolicyError) as info:
+        parse_policy(broken, source="bad.yaml")
+    assert [(path, line) for path, _, line in info.value.located()] == [("", 3)]
+    assert "bad.yaml:3:" not in str(info.value)  # the message names the line and column itself
+    with pytest.raises(PolicyError) as info:
+        parse_policy(BASE.replace("max_queue_size: 16", "max_queue_size: -1"), source="home.yaml")
+    assert [(path, line) for path, _, line in info.value.located()] == [
+        ("classes.voice.default_queue_policy.max_queue_size", 9)]
+    with pytest.raises(PolicyError) as info:
+        parse_policy("", source="empty.yaml")
+    assert [line for _, _, line in info.value.located()] == [None]
+
+
 def test_duplicate_keys_empty_files_and_non_mappings_are_errors() -> None:
     dup = "classes:\n  a: {kind: llm, model: m}\n  a: {kind: llm, model: m}\n"
     assert "duplicate key 'a'" in errors_of(dup)[""]
