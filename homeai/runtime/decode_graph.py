@@ -27,7 +27,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +147,14 @@ def _raise_recompile_limits() -> None:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
 
 
+def _skip_guards_on_the_model(entries: list[Any]) -> list[bool]:
+    """Keep the guards on a step's inputs (the bucket's shapes, the cache), drop those on the model: its
+    weights and settings never change while a CompiledDecode serves it, and checking some hundreds of
+    weight tensors' metadata cost half a millisecond per step (a tenth of a one-row int4 step)."""
+    return [not (entry.name == "model" or str(entry.name).startswith(("model.", "model[", "L['model']")))
+            for entry in entries]
+
+
 class CompiledDecode:
     """The compiled decode path of one model and its KV cache; ``run`` serves a ready bucket."""
 
@@ -173,7 +181,8 @@ class CompiledDecode:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         _raise_recompile_limits()
         mode = "reduce-overhead" if self.device.type == "cuda" else None
-        self._compiled = torch.compile(decode_forward, dynamic=False, mode=mode)
+        options = {"guard_filter_fn": _skip_guards_on_the_model}
+        self._compiled = torch.compile(decode_forward, dynamic=False, mode=mode, options=options)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
