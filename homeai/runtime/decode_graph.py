@@ -46,6 +46,17 @@ COMPILE_MODES = ("auto", "on", "off")
 SMALL_CPU_CORES = 4  # up to this many: Inductor compiles in this thread alone, no pool of compiler workers
 
 
+def use_cache_dir(cache_dir: Path) -> None:
+    """Keep Inductor's compiled code under our cache directory, where a second start finds it (Inductor's
+    own default lies in /tmp, gone after a reboot). A directory the user chose stays; Inductor writes its
+    default into the environment on first use, so that one does not count as chosen."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+
+
 def compile_unavailable(device: torch.device) -> str | None:
     """None when torch.compile can build decode steps here, else why not (no C++ compiler on a CPU, no
     Triton on a GPU)."""
@@ -177,8 +188,8 @@ class CompiledDecode:
         self._ready: set[int] = set()
         self.failed: str | None = None
         self.compile_seconds: dict[int, float] = {}
-        if cache_dir is not None:  # Inductor reads this when it first writes code: set before compiling
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        if cache_dir is not None:
+            use_cache_dir(cache_dir)
         _raise_recompile_limits()
         mode = "reduce-overhead" if self.device.type == "cuda" else None
         options = {"guard_filter_fn": _skip_guards_on_the_model}
