@@ -33,8 +33,17 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate as the server would: against the model repository (a class's model must be in it, and the
+    LLM classes must share one model)."""
+    from homeai.repository.entries import EntryError, load_entries
+
     try:
-        policy = load_policy(args.file)
+        known: frozenset[str] | None = frozenset(load_entries())
+    except EntryError as e:
+        print(f"warning: models not checked: {e}", file=sys.stderr)
+        known = None
+    try:
+        policy = load_policy(args.file, known_models=known)
     except PolicyError as e:
         print(e, file=sys.stderr)
         return 1
