@@ -34,7 +34,7 @@ from homeai.api.serving import (
     check_prompt_fits,
     check_token_ids,
     class_tool_choice_of,
-    compile_constraint,
+    constrain,
     default_max_tokens,
     gateway_of,
     request_context,
@@ -137,10 +137,8 @@ async def generate_reply(request: Request[Any, Any, Any], data: ChatRequest | Ge
                                                               requested_max_tokens(data.options)))
     check_prompt_fits(gateway, route, prompt_ids, params.max_tokens, "messages" if chat else "prompt",
                       "options.num_predict")
-    if constraint is not None:
-        await compile_constraint(gateway, route, *constraint)
-        params.constraint = constraint[0]
-    gen = Generation(request, route, prompt_ids, params, ctx, "chat" if chat else "completion")
+    fits = await constrain(gateway, route, prompt_ids, params, constraint) if constraint is not None else True
+    gen = Generation(request, route, prompt_ids, params, ctx, "chat" if chat else "completion", fits)
     await gen.open()
     timing.first_ns = time.monotonic_ns()
 

@@ -41,7 +41,7 @@ from homeai.api.serving import (
     check_prompt_fits,
     check_token_ids,
     class_tool_choice_of,
-    compile_constraint,
+    constrain,
     default_max_tokens,
     gateway_of,
     request_context,
@@ -104,12 +104,12 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
     check_prompt_fits(gateway, route, prompt_ids, params.max_tokens, *fields)
     params.logprobs = logprobs
     sourced = constraint() if constraint is not None else None
+    fits = True
     if sourced is not None:
         if params.ignore_eos:  # a finished grammar allows only the end: ignoring it leaves no token
             raise BadRequest(f"ignore_eos cannot be combined with {sourced[1]}", param="ignore_eos")
-        await compile_constraint(gateway, route, *sourced)
-        params.constraint = sourced[0]
-    gen = Generation(request, route, prompt_ids, params, ctx, kind)
+        fits = await constrain(gateway, route, prompt_ids, params, sourced)
+    gen = Generation(request, route, prompt_ids, params, ctx, kind, fits)
     await gen.open()
     return gen
 
@@ -117,7 +117,8 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
 async def stream_chunks(gen: Generation, obj: str, include_usage: bool, prefix: str = "",
                         tools: bool = False) -> AsyncIterator[bytes]:
     """SSE for chat (``delta``) or text completions (``text``); closing it aborts the request.
-    With ``tools``, calls stream as OpenAI streams them: index, id and name, then argument fragments."""
+    With ``tools``, calls stream as OpenAI streams them (index, id and name, then the arguments), each
+    once it is complete: a call the budget cuts short never goes out (``ToolCallParser``)."""
     created, rid = int(time.time()), ("chatcmpl-" if obj.startswith("chat") else "cmpl-") + gen.request_id
     is_chat = obj.startswith("chat")
     tokenizer = gen.gateway.llm(gen.route.model).tokenizer

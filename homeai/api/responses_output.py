@@ -3,7 +3,9 @@
 Text becomes a ``message`` item (``output_item.added``, ``content_part.added``, ``output_text.delta``...,
 then the matching ``.done`` events); each tool call becomes a ``function_call`` item (``output_item.added``
 with its name, ``function_call_arguments.delta`` fragments, ``function_call_arguments.done``,
-``output_item.done``). An item closes before the next opens; an answer with neither gets an empty message.
+``output_item.done``), all at once when the call is complete: a call the budget cuts short gets no item
+(the response is then "incomplete"). An item closes before the next opens; an answer with neither gets an
+empty message.
 """
 
 from __future__ import annotations

@@ -130,11 +130,18 @@ def check_prompt_fits(gateway: Gateway, route: Route, prompt_ids: list[int], max
         raise BadRequest(f"{field} has {n} tokens; class {route.class_name!r} allows {cp.max_prompt_tokens}",
                          param=field, code="context_length_exceeded")
     bm = engine.scheduler.block_manager
-    out = min(max_tokens, cp.max_output_tokens or max_tokens, limit - n)
+    out = output_budget(gateway, route, prompt_ids, max_tokens)
     if bm.blocks_needed(n + out) > bm.num_blocks:
         param = field if bm.blocks_needed(n + 1) > bm.num_blocks else max_tokens_field
         raise BadRequest(f"{field} ({n} tokens) + {max_tokens_field} ({out}) exceed the KV cache "
                          f"({bm.num_blocks * bm.block_size} tokens)", param=param, code="context_length_exceeded")
+
+
+def output_budget(gateway: Gateway, route: Route, prompt_ids: list[int], max_tokens: int) -> int:
+    """The output tokens a request really gets: its max_tokens under the class's max_output_tokens and
+    the room the context leaves after the prompt (as the gateway and the engine cap it)."""
+    cp = gateway.policy.classes[route.class_name]
+    return min(max_tokens, cp.max_output_tokens or max_tokens, gateway.llm(route.model).max_model_len - len(prompt_ids))
 
 
 def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
@@ -148,8 +155,9 @@ class Generation:
     then read by ``deltas`` or ``collect``. Leaving early aborts it (the gateway meters the outcome)."""
 
     def __init__(self, request: Request[Any, Any, Any], route: Route, prompt_ids: list[int],
-                 params: SamplingParams, ctx: RequestContext, kind: str) -> None:
+                 params: SamplingParams, ctx: RequestContext, kind: str, fits: bool = True) -> None:
         self.request = request
+        self.fits = fits  # False: a constrained answer too long for the budget, never started (see open)
         self.gateway = gateway_of(request)
         self.route, self.prompt_ids, self.params, self.ctx, self.kind = route, prompt_ids, params, ctx, kind
         self.request_id = uuid.uuid4().hex
@@ -159,8 +167,16 @@ class Generation:
         self._iterator: AsyncIterator[TokenDelta] | None = None
 
     async def open(self) -> TokenDelta:
-        """Queue the request and wait for its first delta; raises ApiError (400/429/503/499...)."""
+        """Queue the request and wait for its first delta; raises ApiError (400/429/503/499...).
+
+        A constrained answer whose shortest valid form does not fit in its budget (a forced call, a
+        JSON schema) is not started: it ends at once, empty, with finish reason "length", rather than
+        in call syntax or JSON that the budget cuts (``constrain``)."""
         route, ctx = self.route, self.ctx
+        if not self.fits:
+            self._iterator = _no_deltas()
+            self._first = TokenDelta(self.request_id, "", [], len(self.prompt_ids), 0, FinishReason.LENGTH)
+            return self._first
         self._iterator = self.gateway.generate(route, self.prompt_ids, self.params, ctx.user, self.request_id,
                                                ctx.priority_level, ctx.timeout_us, kind=self.kind)
         try:
@@ -245,14 +261,34 @@ def class_tool_choice_of(gateway: Gateway, route: Route) -> str:
     return gateway.policy.classes[route.class_name].tool_choice
 
 
-async def compile_constraint(gateway: Gateway, route: Route, constraint: Constraint | None, field: str) -> None:
-    """Compile a request's grammar on a worker thread before it is queued; a bad schema is a 400 on ``field``."""
+async def compile_constraint(gateway: Gateway, route: Route, constraint: Constraint | None, field: str) -> int | None:
+    """Compile a request's grammar on a worker thread before it is queued; a bad schema is a 400 on ``field``.
+    Returns the output tokens of the shortest answer the grammar allows, its end included (None: unknown)."""
     if constraint is None:
-        return
+        return None
     try:
-        await gateway.llm(route.model).compile_constraint(constraint)
+        return await gateway.llm(route.model).compile_constraint(constraint)
     except RequestError as exc:
         raise BadRequest(str(exc), param=field) from exc
+
+
+async def constrain(gateway: Gateway, route: Route, prompt_ids: list[int], params: SamplingParams,
+                    sourced: tuple[Constraint, str]) -> bool:
+    """Put a compiled grammar (and the request field it came from) on ``params``; False when even its
+    shortest answer does not fit the request's budget, so the request is not started (``Generation``)."""
+    need = await compile_constraint(gateway, route, *sourced)
+    params.constraint = sourced[0]
+    budget = output_budget(gateway, route, prompt_ids, params.max_tokens)
+    if need is not None and need > budget:
+        log.info("constrained answer (%s) needs %d output tokens, the budget is %d: not started", sourced[1],
+                 need, budget)
+        return False
+    return True
+
+
+async def _no_deltas() -> AsyncIterator[TokenDelta]:
+    return
+    yield  # an async generator that ends at once
 
 
 async def text_prompt_ids(gateway: Gateway, model: str, text: str) -> list[int]:

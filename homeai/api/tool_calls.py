@@ -1,10 +1,13 @@
-"""Reads the model's calls out of its text as it streams: text, then for each call its name and
-argument fragments, in the order OpenAI streams them.
+"""Reads the model's calls out of its text as it streams: text, then each call whole (its name, its
+arguments, its end), in the order OpenAI streams them.
 
 The grammar fixes the layout (``<tool_call>{"name": "f", "arguments": {...}}</tool_call>``), so the
 name is known once its header is complete, and the arguments are the JSON value after it, read by a
-small scanner (a string may hold "}" or "</tool_call>"). A streamed answer and the same answer read
-at once give the same events joined, because both go through this one parser.
+small scanner (a string may hold "}" or "</tool_call>"). A call is held back until its closing tag: one
+that the budget (or a stop string) cuts short is dropped, so every call a client sees has complete
+arguments, and no piece of the call syntax (``<tool_call``, a header, partial JSON) reaches the text.
+A streamed answer and the same answer read at once give the same events joined, because both go
+through this one parser.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class ToolCall:
 @dataclass(slots=True)
 class ParseEvent:
     """One step of the answer: ``text``, a call started (``call`` with empty ``fragment``),
-    an argument ``fragment`` of ``call``, or a call completed (``done``)."""
+    an argument ``fragment`` of ``call``, or a call completed (``done``). A call's three come together,
+    once its closing tag is read."""
 
     text: str = ""
     call: ToolCall | None = None
@@ -47,99 +51,78 @@ class ParseEvent:
 
 
 class ToolCallParser:
-    """Feed text deltas, get events; ``finish`` flushes what was held back at the end of the answer."""
+    """Feed text deltas, get events; ``finish`` ends the answer. ``calls``: the complete calls;
+    ``dropped``: whether ``finish`` dropped unfinished call syntax (a call cut short, a partial tag)."""
 
     def __init__(self) -> None:
         self.calls: list[ToolCall] = []
+        self.dropped = False
         self._buf = ""
-        self._call: ToolCall | None = None
         self._in_call = False
-        self._sent = 0  # argument characters of the current call already sent
         self._after_call = False  # whitespace right after a call is layout, not content
+        self._name: str | None = None  # the current call's, once its header is read
+        self._scanned = 0  # characters of the arguments (in _buf) scanned so far
         self._depth, self._in_string, self._escaped, self._args_done = 0, False, False, False  # JSON scan
 
     def feed(self, text: str) -> list[ParseEvent]:
         self._buf += text
         events: list[ParseEvent] = []
-        while True:
-            before = len(events)
-            if not self._in_call:
-                self._read_text(events)
-            elif self._call is None:
-                self._read_head(events)
-            else:
-                self._read_arguments(events)
-            if len(events) == before and not self._progressed:
-                return events
-
-    def finish(self) -> list[ParseEvent]:
-        """The rest: held-back text, or the arguments of a call cut short (max_tokens)."""
-        events: list[ParseEvent] = []
-        if self._call is not None:  # cut short: what was scanned is all the arguments there are
-            events.append(ParseEvent(call=self._call, done=True))
-        elif self._buf and not (self._after_call and self._buf.isspace()):
-            events.append(ParseEvent(text=self._buf))
-        self._buf, self._call, self._in_call, self._sent = "", None, False, 0
-        self._depth, self._in_string, self._escaped, self._args_done = 0, False, False, False
+        while self._read_text(events) if not self._in_call else self._read_call(events):
+            pass
         return events
 
-    # ---- states ----------------------------------------------------------------------------------
-    _progressed: bool = False
+    def finish(self) -> list[ParseEvent]:
+        """The end of the answer: what is held back is call syntax (a call cut short, or the start of
+        ``<tool_call>``, or the layout after a call), never content; it is dropped."""
+        self.dropped = self._in_call or bool(self._buf.strip())
+        self._buf, self._in_call, self._name, self._scanned, self._after_call = "", False, None, 0, False
+        self._depth, self._in_string, self._escaped, self._args_done = 0, False, False, False
+        return []
 
-    def _read_text(self, events: list[ParseEvent]) -> None:
-        self._progressed = False
+    # ---- states (each returns True when it moved on and another state may read) ------------------
+    def _read_text(self, events: list[ParseEvent]) -> bool:
         if self._after_call:
             self._buf = self._buf.lstrip()
             if not self._buf:
-                return
+                return False
             self._after_call = False
         start = self._buf.find(CALL_OPEN)
         if start >= 0:
             if start:
                 events.append(ParseEvent(text=self._buf[:start]))
             self._buf = self._buf[start + len(CALL_OPEN):]
-            self._in_call, self._progressed = True, True
-            return
+            self._in_call = True
+            return True
         keep = _partial_suffix(self._buf, CALL_OPEN)  # "<tool" may become "<tool_call>"
         if len(self._buf) > keep:
             events.append(ParseEvent(text=self._buf[: len(self._buf) - keep]))
             self._buf = self._buf[len(self._buf) - keep:]
+        return False
 
-    def _read_head(self, events: list[ParseEvent]) -> None:
-        match = _HEAD.match(self._buf)
-        self._progressed = False
-        if match is None:
-            return
-        self._call = ToolCall(len(self.calls), match.group(1))
-        self.calls.append(self._call)
-        self._buf, self._sent = self._buf[match.end():], 0
-        events.append(ParseEvent(call=self._call))
-        self._progressed = True
-
-    def _read_arguments(self, events: list[ParseEvent]) -> None:
-        """Scan the arguments as JSON (strings may hold "}" or even "</tool_call>"); each scanned
-        character is an argument fragment until the object closes, then ``}</tool_call>`` ends the call."""
-        call = self._call
-        assert call is not None
-        self._progressed = False
+    def _read_call(self, events: list[ParseEvent]) -> bool:
+        """The header, then the arguments scanned as JSON (strings may hold "}" or even "</tool_call>"),
+        then ``}</tool_call>``: only then is the call out, whole."""
+        if self._name is None:
+            match = _HEAD.match(self._buf)
+            if match is None:
+                return False
+            self._name, self._buf, self._scanned = match.group(1), self._buf[match.end():], 0
+        while self._scanned < len(self._buf) and not self._args_done:
+            self._scan(self._buf[self._scanned])
+            self._scanned += 1
         if not self._args_done:
-            start = self._sent
-            while self._sent < len(self._buf) and not self._args_done:
-                self._scan(self._buf[self._sent])
-                self._sent += 1
-            if self._sent > start:
-                fragment = self._buf[start:self._sent]
-                call.arguments += fragment
-                events.append(ParseEvent(call=call, fragment=fragment))
-            if not self._args_done:
-                return
-        close = self._buf.find(CALL_CLOSE, self._sent)
+            return False
+        close = self._buf.find(CALL_CLOSE, self._scanned)
         if close < 0:
-            return
-        events.append(ParseEvent(call=call, done=True))
+            return False
+        call = ToolCall(len(self.calls), self._name, arguments=self._buf[:self._scanned])
+        self.calls.append(call)
+        events += [ParseEvent(call=call), ParseEvent(call=call, fragment=call.arguments),
+                   ParseEvent(call=call, done=True)]
         self._buf = self._buf[close + len(CALL_CLOSE):]
-        self._call, self._in_call, self._sent, self._progressed = None, False, 0, True
-        self._after_call, self._args_done, self._depth = True, False, 0
+        self._in_call, self._name, self._scanned, self._after_call = False, None, 0, True
+        self._depth, self._args_done = 0, False
+        return True
 
     def _scan(self, char: str) -> None:
         if self._in_string:
@@ -167,7 +150,7 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 
 def parse_all(text: str) -> tuple[str, list[ToolCall]]:
-    """Content text and calls of a whole answer."""
+    """Content text and (complete) calls of a whole answer."""
     parser = ToolCallParser()
     events = parser.feed(text) + parser.finish()
     return "".join(e.text for e in events), parser.calls

@@ -7,9 +7,12 @@ message. Earlier calls and tool results are written back in the same format (res
 ``<tool_response>`` in a user turn), so every template can show them.
 
 Calls are enforced by a grammar (xgrammar's structural tag): with ``tool_choice`` "required" or a
-named function the answer is one call (several with ``parallel_tool_calls``) to an allowed function
-whose arguments validate against its JSON Schema; with "auto" the model may write text, and a call it
-starts is held to the same grammar. "none" hides the tools from the model.
+named function the answer is exactly one call to an allowed function whose arguments validate against
+its JSON Schema, and the grammar ends after it (``parallel_tool_calls`` or not: a second call could only
+be cut by the budget); with "auto" the model may write text, and a call it starts is held to the same
+grammar (several with ``parallel_tool_calls``). "none" hides the tools from the model. The sampler
+closes a call in time before ``max_tokens`` (``homeai.runtime.grammar``), and a forced call whose
+shortest form does not fit is not started (``homeai.api.serving.Generation``).
 """
 
 from __future__ import annotations
@@ -58,14 +61,15 @@ class ToolPlan:
         return self.mode != "none" and bool(self.allowed)
 
     def constraint(self) -> Constraint | None:
-        """The grammar of the answer: calls only (required), or text with constrained calls (auto)."""
+        """The grammar of the answer: one call and nothing else (required), or text with constrained
+        calls (auto)."""
         if not self.active:
             return None
         tags = [{"begin": CALL_HEAD % t.name, "content": {"type": "json_schema", "json_schema": t.parameters},
                  "end": "}" + CALL_CLOSE} for t in self.allowed]
         fmt: dict[str, Any] = {"tags": tags, "at_least_one": True, "stop_after_first": not self.parallel}
-        if self.mode == "required":  # calls and nothing else (a newline between two), then the end
-            fmt |= {"type": "tags_with_separator", "separator": "\n"}
+        if self.mode == "required":  # one call, then the end
+            fmt |= {"type": "tags_with_separator", "separator": "\n", "stop_after_first": True}
         else:  # text, and a call once the model writes <tool_call>
             fmt |= {"type": "triggered_tags", "triggers": [CALL_OPEN], "at_least_one": False}
         return Constraint(ConstraintKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": fmt},

@@ -141,13 +141,14 @@ class LLMEngine:
             if not finished:
                 self.abort(seq.request_id)
 
-    async def compile_constraint(self, constraint: Constraint) -> None:
-        """Compile (or find cached) a constraint's grammar on a worker thread, never the device thread."""
+    async def compile_constraint(self, constraint: Constraint) -> int | None:
+        """Compile (or find cached) a constraint's grammar on a worker thread, never the device thread.
+        Returns the output tokens of the shortest output it allows, the end token included (None: unknown)."""
         grammars = self.runner.grammars
         if grammars is None:
             raise RequestError("this model serves no constrained output")
         try:
-            await asyncio.to_thread(grammars.compile, constraint)
+            return await asyncio.to_thread(grammars.min_output_tokens, constraint)
         except GrammarError as exc:
             raise RequestError(str(exc)) from exc
 

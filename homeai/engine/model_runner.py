@@ -126,14 +126,17 @@ class ModelRunner:
             compiled_ok=meta.all_decode and len(sample_seqs) == len(decode_rows),
         )
 
-    def _token_mask(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[int]] | None:
-        """The grammar bitmask of the constrained rows (None when no row is constrained: no cost)."""
+    def _token_mask(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:
+        """The grammar bitmask of the constrained rows (None when no row is constrained: no cost). Each
+        row's budget goes with it, so that the grammar closes in time (near the end it checks the row's
+        likeliest tokens in ``logits``)."""
         rows = [i for i, s in enumerate(seqs) if s.params.constraint is not None]
         if not rows or self._matchers is None:
             return None
         constraints = [c for c in (seqs[i].params.constraint for i in rows) if c is not None]
+        budgets = [seqs[i].params.max_tokens - len(seqs[i].output_token_ids) for i in rows]
         bitmask = self._matchers.fill([seqs[i].seq_id for i in rows], constraints,
-                                      [seqs[i].output_token_ids for i in rows])
+                                      [seqs[i].output_token_ids for i in rows], budgets, lambda j: logits[rows[j]])
         return bitmask, rows
 
     def _forward(self, batch: BatchInputs) -> tuple[torch.Tensor, GreedyPick | None]:
@@ -165,7 +168,7 @@ class ModelRunner:
             return out
         ss = batch.sample_seqs
         # Filled after the forward pass is queued, so on a GPU the host writes masks while it computes.
-        token_mask = self._token_mask(ss)
+        token_mask = self._token_mask(ss, logits)
         tokens, logprobs = self.sampler.sample(
             logits, [s.params for s in ss], [s.prompt_token_ids for s in ss],
             [s.output_token_ids for s in ss], [self._generator(s) for s in ss], token_mask, greedy)

@@ -109,3 +109,17 @@ def test_openai_responses_sequence(server: ServerProcess) -> None:
                                     temperature=0)
     assert final.status in ("completed", "incomplete") and final.output_text.strip()
     assert all(item.type == "message" for item in final.output)
+
+
+def test_ollama_call_the_budget_cannot_hold_is_not_started(server: ServerProcess) -> None:
+    """num_predict 20 holds the call's header, not the call: no call with cut arguments (HA would act on
+    it), no piece of it as content, done_reason "length"; streamed alike."""
+    client = Client(host=server.url, timeout=120)
+    messages: list[Any] = [{"role": "system", "content": HA_PROMPT}, {"role": "user", "content": ASK}]
+    for stream in (False, True):
+        answer = client.chat(model="voice", messages=messages, tools=HA_TOOLS, stream=stream,
+                             options={"temperature": 0, "num_predict": 20})
+        parts = list(answer) if stream else [answer]
+        assert parts[-1].done and parts[-1].done_reason == "length" and not any(p.done for p in parts[:-1])
+        assert not any(p.message.tool_calls for p in parts)
+        assert "".join(p.message.content for p in parts) == ""

@@ -186,3 +186,82 @@ def test_responses_text_format_and_streamed_logprobs(client: OpenAI) -> None:
                 and chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content or []]
     assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in whole]
     assert all(len(e.top_logprobs) == 2 for e in streamed)
+
+
+# ---- the edge of the budget (issue 21): forced calls are whole, and nothing of a call reaches the text --
+NOTE = {"type": "object", "additionalProperties": False, "required": ["message"],
+        "properties": {"message": {"type": "string"}}}  # no maxLength: the model may write until the budget
+BROADCAST = {"type": "function", "function": {"name": "HassBroadcast", "description": "Says a message in every room",
+                                              "parameters": NOTE}}
+
+
+def whole_calls(answer: Any, schemas: dict[str, Any]) -> list[Any]:
+    """A forced answer's calls, each checked: arguments that parse and validate; and no text at all (the
+    grammar allows only the call, so text could only be a piece of call syntax)."""
+    choice = answer.choices[0]
+    assert not choice.message.content, choice.message.content
+    for call in choice.message.tool_calls or []:
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    return choice.message.tool_calls or []
+
+
+def test_required_call_within_64_tokens_is_always_one_valid_call(client: OpenAI) -> None:
+    answers = twenty(lambda i: client.chat.completions.create(
+        model=LLM, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0.8, seed=200 + i, max_tokens=64))
+    for answer in answers:
+        assert len(whole_calls(answer, SCHEMAS)) == 1 and answer.choices[0].finish_reason == "tool_calls"
+
+
+def test_named_call_within_80_tokens_leaves_no_call_syntax_in_content(client: OpenAI) -> None:
+    named: Any = {"type": "function", "function": {"name": "HassLightSet"}}
+    kwargs: dict[str, Any] = {"model": LLM, "messages": ASK, "tools": TOOLS, "tool_choice": named,
+                              "temperature": 0.8, "max_tokens": 80}
+    for answer in twenty(lambda i: client.chat.completions.create(**kwargs, seed=300 + i)):
+        calls = whole_calls(answer, SCHEMAS)
+        assert [c.function.name for c in calls] == ["HassLightSet"]
+        assert answer.choices[0].finish_reason == "tool_calls"
+    for seed in range(3):
+        content, arguments, finish = "", "", None
+        for chunk in client.chat.completions.create(**kwargs, seed=300 + seed, stream=True):
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            arguments += "".join(p.function.arguments or "" for p in delta.tool_calls or [])
+            finish = chunk.choices[0].finish_reason or finish
+        assert content == "" and finish == "tool_calls"
+        jsonschema.validate(json.loads(arguments), SET)
+
+
+def test_a_call_at_the_edge_of_the_budget_is_closed_in_time(client: OpenAI) -> None:
+    """An unbounded string, a budget a few tokens above the shortest call: the grammar closes the call
+    (the message ends early) instead of the budget cutting it."""
+    named: Any = {"type": "function", "function": {"name": "HassBroadcast"}}
+    answers = twenty(lambda i: client.chat.completions.create(
+        model=LLM, messages=[{"role": "user", "content": "Tell everyone a long story about dinner."}],
+        tools=[BROADCAST], tool_choice=named, temperature=1.0, seed=400 + i, max_tokens=40))
+    for answer in answers:
+        assert len(whole_calls(answer, {"HassBroadcast": NOTE})) == 1, answer
+        assert answer.choices[0].finish_reason == "tool_calls" and answer.usage.completion_tokens <= 40
+
+
+def test_responses_call_cut_by_max_output_tokens_is_incomplete(client: OpenAI) -> None:
+    """A forced call that max_output_tokens cannot hold: no function_call item (cut arguments are no
+    call), no call syntax in the text, the response incomplete and saying why; streamed alike."""
+    tools: Any = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                   "parameters": t["function"]["parameters"]} for t in TOOLS]
+    kwargs: dict[str, Any] = {"model": LLM, "input": "Turn on the kitchen light", "tools": tools,
+                              "tool_choice": "required", "max_output_tokens": 22, "temperature": 0}
+    answer = client.responses.create(**kwargs)  # 22 tokens: the call's header and a piece of its arguments
+    assert answer.status == "incomplete" and answer.incomplete_details is not None
+    assert answer.incomplete_details.reason == "max_output_tokens"
+    assert not [item for item in answer.output if item.type == "function_call"]
+    assert all(item.status == "incomplete" for item in answer.output) and answer.output_text == ""
+    events = list(client.responses.create(**kwargs, stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert not [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.incomplete_details is not None and final.incomplete_details.reason == "max_output_tokens"
+    assert final.output_text == "" and "".join(e.delta for e in events if e.type == "response.output_text.delta") == ""
+    for max_tokens in (12, 22):
+        chat = client.chat.completions.create(model=LLM, messages=ASK, tools=TOOLS, tool_choice="required",
+                                              max_tokens=max_tokens, temperature=0)
+        assert chat.choices[0].finish_reason == "length" and not whole_calls(chat, SCHEMAS)

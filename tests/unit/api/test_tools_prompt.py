@@ -20,6 +20,7 @@ from homeai.api.tools import (
     with_tools_prompt,
 )
 from homeai.engine.builder import chat_prompt_ids, load_tokenizer, template_has_tools
+from homeai.policy.loader import load_policy
 
 TOOLS = parse_tools([{"type": "function", "function": {"name": "HassTurnOn", "parameters": {"type": "object"}}}])
 TOOLS_TEMPLATE = ("{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
@@ -73,3 +74,11 @@ def test_class_tool_choice() -> None:
         answer_shape([t.as_openai() for t in TOOLS], None, None, (JSON_OBJECT, "response_format.json_schema.schema"),
                      "auto", True)
     assert err.value.param == "response_format"
+
+
+def test_the_default_policy_makes_the_voice_class_call() -> None:
+    """SmolLM2-135M almost never calls a tool by itself: the voice class's requests that bring tools
+    without choosing (every Ollama one) must call while the user spoke last."""
+    policy = load_policy(Path(__file__).parents[3] / "policies" / "default.yaml")
+    assert policy.classes["voice"].tool_choice == "required"
+    assert policy.classes["chat"].tool_choice == "auto"
