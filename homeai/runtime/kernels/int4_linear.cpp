@@ -1,5 +1,5 @@
 // int4 weight-only linear layer for the CPU, in Q4_1's layout: groups of 32 weights along K, each with a
-// scale s and a zero z (bfloat16), w = (q - 8) * s + z with q in 0..15 (homeai.runtime.quant.Int4Linear).
+// scale d and a minimum m (float16), w = q * d + m with q in 0..15 (homeai.runtime.quant.Int4Linear).
 //
 // Why a kernel of our own: a decode step reads every weight once, and torch's _weight_int4pack_mm_for_cpu
 // streams 4-bit weights well below the machine's read bandwidth; this loop (float32 activations, software
@@ -8,7 +8,8 @@
 // buffer that stays in cache, and the prompt's matmul runs in bfloat16 (AMX where the CPU has it).
 //
 // Layout: q is uint8 [N, K/2]; in each group's 16 bytes the low nibbles are weights 0..15 and the high
-// nibbles weights 16..31 (as GGML's Q4_1 blocks). sz is bfloat16 [N, K/32, 2]: (s, z) per group.
+// nibbles weights 16..31 (as GGML's Q4_1 blocks). sz is float16 [N, K/32, 2]: (d, m) per group, w = q d + m,
+// exactly Q4_1's block header: a Q4_1 GGUF's weights are held without any loss.
 // AVX-512 only (callers keep torch's packed int4 kernel elsewhere).
 
 #include <ATen/ATen.h>
@@ -41,20 +42,15 @@ bool has_vnni() {
   return yes;
 }
 
-inline float bf16_to_float(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+__attribute__((target("f16c"))) inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
 }  // namespace
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,fma,f16c")
 namespace {
 
-// The 32 weights of one group as two float32 registers: q * s + (z - 8 s).
+// The 32 weights of one group as two float32 registers: q * d + m.
 inline void dequant_group(const uint8_t* q16, float s, float zb, __m512& w0, __m512& w1) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q16));
   const __m128i mask = _mm_set1_epi8(0x0F);
@@ -79,9 +75,9 @@ void rows_m(const float* x, const uint8_t* q, const uint16_t* sz, float* out, in
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
       if ((g & 3) == 0 && ahead + g * 16 < q_end) _mm_prefetch(reinterpret_cast<const char*>(ahead + g * 16), _MM_HINT_T0);
-      const float sc = bf16_to_float(s[2 * g]), zero = bf16_to_float(s[2 * g + 1]);
+      const float sc = half_to_float(s[2 * g]), zero = half_to_float(s[2 * g + 1]);
       __m512 w0, w1;
-      dequant_group(w + g * 16, sc, zero - 8.0f * sc, w0, w1);
+      dequant_group(w + g * 16, sc, zero, w0, w1);
       const int64_t k = g * kGroup;
       for (int m = 0; m < M; ++m) {
         acc[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + m * K + k), acc[m]);
@@ -114,9 +110,9 @@ void rows_m1(const float* x, const uint8_t* q, const uint16_t* sz, float* out, i
       const __m512 x0 = _mm512_loadu_ps(x + g * kGroup), x1 = _mm512_loadu_ps(x + g * kGroup + 16);
       for (int r = 0; r < 4; ++r) {
         const uint16_t* sr = s + (r * G + g) * 2;
-        const float sc = bf16_to_float(sr[0]), zero = bf16_to_float(sr[1]);
+        const float sc = half_to_float(sr[0]), zero = half_to_float(sr[1]);
         __m512 w0, w1;
-        dequant_group(w + r * row_bytes + g * 16, sc, zero - 8.0f * sc, w0, w1);
+        dequant_group(w + r * row_bytes + g * 16, sc, zero, w0, w1);
         a[2 * r] = _mm512_fmadd_ps(w0, x0, a[2 * r]);
         a[2 * r + 1] = _mm512_fmadd_ps(w1, x1, a[2 * r + 1]);
       }
@@ -160,9 +156,9 @@ void to_bf16(const uint8_t* q, const uint16_t* sz, uint16_t* out, int64_t K, int
   const int64_t G = K / kGroup, row_bytes = K / 2;
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t g = 0; g < G; ++g) {
-      const float sc = bf16_to_float(sz[(n * G + g) * 2]), zero = bf16_to_float(sz[(n * G + g) * 2 + 1]);
+      const float sc = half_to_float(sz[(n * G + g) * 2]), zero = half_to_float(sz[(n * G + g) * 2 + 1]);
       __m512 w0, w1;
-      dequant_group(q + n * row_bytes + g * 16, sc, zero - 8.0f * sc, w0, w1);
+      dequant_group(q + n * row_bytes + g * 16, sc, zero, w0, w1);
       uint16_t* o = out + n * K + g * kGroup;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), round_to_bf16(w0));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), round_to_bf16(w1));
@@ -175,12 +171,12 @@ void to_bf16(const uint8_t* q, const uint16_t* sz, uint16_t* out, int64_t K, int
 
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")
 namespace {
 
 // Decode-sized inputs on a CPU with AVX512-VNNI, as llama.cpp computes its Q4 x Q8 dot products: each group
 // of 32 activations is quantized to int8 with a scale of its own (sx), and one vpdpbusd multiplies 64
-// nibbles by 64 activations. Per group: sum_k w_k x_k = s sx sum_k q_k xq_k + (z - 8 s) xs, with xs the
+// nibbles by 64 activations. Per group: sum_k w_k x_k = d sx sum_k q_k xq_k + m xs, with xs the
 // group's dequantized activation sum. A third of the instructions of the float32 loop per weight, where a
 // 1-row step on a small CPU is bound by instructions, not by memory.
 constexpr int kVnniMaxRows = 4;
@@ -225,7 +221,6 @@ void rows_vnni(const QuantizedRows& xr, const uint8_t* q, const uint16_t* sz, fl
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m512i idx_s = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i idx_z = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512 minus8 = _mm512_set1_ps(-8.0f);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* w = q + n * row_bytes;
     const uint16_t* s = sz + n * (K / kGroup) * 2;
@@ -239,10 +234,10 @@ void rows_vnni(const QuantizedRows& xr, const uint8_t* q, const uint16_t* sz, fl
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
       const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // lo.0 lo.1 hi.0 hi.1
       const __m512i wq = _mm512_shuffle_i64x2(both, both, 0xD8);                  // lo.0 hi.0 lo.1 hi.1
-      const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + p * 4));  // s0 z0 s1 z1
-      const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_castsi128_si256(raw)), 16));
+      const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + p * 4));  // d0 m0 d1 m1
+      const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(raw));
       const __m512 sw = _mm512_permutexvar_ps(idx_s, f);
-      const __m512 zb = _mm512_fmadd_ps(minus8, sw, _mm512_permutexvar_ps(idx_z, f));
+      const __m512 zb = _mm512_permutexvar_ps(idx_z, f);
       for (int m = 0; m < M; ++m) {
         const __m512i xq = _mm512_loadu_si512(xr.xq.data() + m * K + p * 64);
         const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
@@ -265,7 +260,7 @@ constexpr VnniFn kVnniFns[kVnniMaxRows + 1] = {nullptr, rows_vnni<1>, rows_vnni<
 namespace {
 
 void check(const at::Tensor& q, const at::Tensor& sz, int64_t K) {
-  TORCH_CHECK(q.scalar_type() == at::kByte && sz.scalar_type() == at::kBFloat16, "int4: q uint8, sz bfloat16");
+  TORCH_CHECK(q.scalar_type() == at::kByte && sz.scalar_type() == at::kHalf, "int4: q uint8, sz float16");
   TORCH_CHECK(q.dim() == 2 && q.size(1) * 2 == K && K % kGroup == 0, "int4: q [N, K/2] with K a multiple of 32");
   TORCH_CHECK(sz.dim() == 3 && sz.size(0) == q.size(0) && sz.size(1) == K / kGroup && sz.size(2) == 2,
               "int4: sz [N, K/32, 2]");
@@ -292,7 +287,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   if (M == 0) return out;
   const float* xp = xc.data_ptr<float>();
   const uint8_t* qp = q.data_ptr<uint8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::Half>());
   float* op = out.data_ptr<float>();
   if (M <= kVnniMaxRows && K % 64 == 0 && has_vnni() && vnni_enabled()) {
     const QuantizedRows xr = quantize_rows(xp, M, K);
@@ -313,7 +308,7 @@ void int4_to_bf16(at::Tensor& out, const at::Tensor& q, const at::Tensor& sz) {
   TORCH_CHECK(q.size(0) == N, "int4_to_bf16: out [N, K], q [N, K/2]");
   check(q, sz, K);
   const uint8_t* qp = q.data_ptr<uint8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::Half>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) { to_bf16(qp, sp, op, K, n0, n1); });
 }

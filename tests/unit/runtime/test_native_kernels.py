@@ -201,15 +201,14 @@ def test_without_the_native_kernel_torchs_kernels_serve(monkeypatch: pytest.Monk
 def test_int4_layer_matches_its_dequantized_weights(rows: int) -> None:
     """Int4Linear's paths (int8 activations through VNNI up to 4 rows, float32 activations up to 32,
     bfloat16 weights above) against the float64 product with the weights the groups describe."""
-    from homeai.runtime.quant import Int4Linear, quantize_int4
+    from homeai.runtime.quant import Int4Linear, quantize_q4_1
 
     torch.manual_seed(rows)
     w = torch.randn(96, 576)
     layer = make_linear(w, None, "int4", CPU, torch.float32)
     assert isinstance(layer, Int4Linear) and layer._native is not None
-    q, sz = quantize_int4(w)
-    groups = q.double().view(96, -1, 32) - 8
-    dequant = (groups * sz.transpose(0, 1)[..., 0, None].double() + sz.transpose(0, 1)[..., 1, None].double())
+    q, dm = quantize_q4_1(w)
+    dequant = q.double().view(96, -1, 32) * dm[..., 0, None].double() + dm[..., 1, None].double()
     x = torch.randn(rows, 576)
     want = x.double() @ dequant.view(96, 576).T
     got = layer(x).double()
