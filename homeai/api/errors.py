@@ -16,9 +16,8 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from homeai.engine.embed_service import EmbedBatchError, QueueTimeoutError
+from homeai.engine.errors import EmbedBatchError, QueueTimeoutError, RequestError
 from homeai.engine.gateway import UnknownModelError
-from homeai.engine.llm_engine import RequestError
 from homeai.scheduling.class_queue import QueueFullError
 from homeai.scheduling.class_scheduler import UnknownClassError
 

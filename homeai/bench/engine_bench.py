@@ -186,6 +186,7 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
 
     from homeai.bench.constrained_bench import constrained_overhead
     from homeai.engine.builder import EngineConfig, build_llm_engine
+    from homeai.engine.device_loop import run_alone
     from homeai.repository.cache import default_cache_dir
     from homeai.runtime.device import in_passing_thread
     from homeai.runtime.llama_config import LlamaConfig
@@ -215,22 +216,22 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
     hf = in_passing_thread(lambda: LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval())
     pad_id = engine.tokenizer.pad_token_id or 0
     weight_bytes, num_params = weight_stats(engine.runner.model)
-    engine.start()
+    loop = run_alone(engine)
     out: dict[str, Any] = {"threads": threads, "device": "cpu", "dtype": "float32", **machine,
                            "compiled_decode": engine.runner.compiled is not None,
                            "weight_mb": weight_bytes / 1e6, "num_params": num_params, "configs": []}
     try:
         warm = make_prompts(engine.tokenizer, 2, cfg)
         asyncio.run(run_ours(engine, warm, [4, 4], 2))
-        engine.shutdown()
+        loop.shutdown()
         in_passing_thread(run_transformers, hf, pad_id, warm, [4, 4], 2)
         for kind in cfg.workloads:
             for c in cfg.concurrency:
                 n = cfg.waves * c if c > 1 else max(2, cfg.waves)
                 prompts, lengths = make_prompts(engine.tokenizer, n, cfg), output_lengths(kind, n, cfg)
-                engine.start()
+                loop = run_alone(engine)
                 ours = asyncio.run(run_ours(engine, prompts, lengths, c))
-                engine.shutdown()
+                loop.shutdown()
                 theirs = in_passing_thread(run_transformers, hf, pad_id, prompts, lengths, c)
                 row = {"workload": kind, "concurrency": c, "num_requests": n, "output_tokens": sum(lengths),
                        "max_output_tokens": max(lengths), "ours": ours.summary(),
@@ -242,10 +243,10 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
                     out["single_stream_tok_s"] = statistics.median(ours.decode_tok_s or [0.0])
                 log(_line(row))
         prompts = make_prompts(engine.tokenizer, 16, cfg)
-        engine.start()
+        loop = run_alone(engine)
         out.update(constrained_overhead(engine, prompts, max(cfg.uniform_tokens, 64), log=log))
     finally:
-        engine.shutdown()
+        loop.shutdown()
     out.update(speed_figures(folder, cfg, log))
     out["bandwidth_bound_tok_s"] = machine["bandwidth_gb_s"] * 1e9 / weight_bytes
     out["gemm_bound_tok_s"] = machine["gemm_gflop_s"] * 1e9 / (2 * num_params)

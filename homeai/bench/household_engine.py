@@ -61,7 +61,7 @@ class RealReplay:
         scheduler = ClassScheduler(None, policy, step_cost=load_step_cost(calibration) if calibration else None)
         self.engine = build_llm_engine(llm_folder, EngineConfig(kv_cache_mb=128), scheduler)
         self.batcher = Batcher(policy, scheduler)
-        self.embed = EmbedService(self.batcher, {embed_model: embedder})
+        self.embed = EmbedService(self.batcher, {embed_model: embedder}, self.engine.wake)
         self.loop = DeviceLoop(llm=self.engine, batcher=self.batcher, embed=self.embed)
         self.records: list[RequestRecord] = []
         self.processed: dict[str, int] = {}

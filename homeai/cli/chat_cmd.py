@@ -24,6 +24,7 @@ def add_chat_command(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
+    from homeai.engine.device_loop import run_alone
     from homeai.repository.cache import default_cache_dir
     from homeai.repository.entries import get_entry
     from homeai.repository.pull import pull
@@ -36,7 +37,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = build_llm_engine(folder, EngineConfig(device=args.device, dtype=entry.dtype,
                                                       max_model_len=entry.served_len,
                                                       quantization=entry.quantization))
-    engine.start()
+    loop = run_alone(engine)
     messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
 
     async def answer() -> str:
@@ -68,4 +69,4 @@ def cmd_chat(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        engine.shutdown()
+        loop.shutdown()

@@ -14,17 +14,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from homeai.engine.embed_service import EmbedService
 from homeai.engine.health import FAILING_AFTER, EngineHealth
+from homeai.engine.llm_engine import LLMEngine
 from homeai.policy.schema import Policy
 from homeai.scheduling.batcher import Batcher, EmbedWork
 from homeai.scheduling.clock import Clock
 from homeai.scheduling.device import run_once
-
-if TYPE_CHECKING:
-    from homeai.engine.embed_service import EmbedService
-    from homeai.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5
@@ -35,15 +33,16 @@ Snapshot = dict[str, Any]
 class DeviceLoop:
     """Runs the device; the only thread that mutates queues, scheduler and batcher (module docstring)."""
 
-    def __init__(self, llm: LLMEngine | None = None, batcher: Batcher | None = None,
-                 embed: EmbedService | None = None,
+    def __init__(self, llm: LLMEngine | None, batcher: Batcher, embed: EmbedService | None = None,
                  build_snapshot: Callable[[], Snapshot] | None = None) -> None:
         self.llm = llm
         self.batcher = batcher
         self.embed = embed
-        self.wake = llm.wake if llm is not None else threading.Event()
-        if embed is not None:
-            embed.wake = self.wake
+        # One event wakes the loop, whoever posts: the engines are built around the same one.
+        wakes = {id(w): w for w in (llm.wake if llm else None, embed.wake if embed else None) if w is not None}
+        if len(wakes) > 1:
+            raise ValueError("the LLM engine and the embedding service must share the device loop's wake event")
+        self.wake = next(iter(wakes.values()), threading.Event())
         self.health = EngineHealth()  # failures outside any step or batch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,10 +55,7 @@ class DeviceLoop:
 
     @property
     def clock(self) -> Clock:
-        if self.batcher is not None:
-            return self.batcher.clock
-        assert self.llm is not None
-        return self.llm.scheduler.clock
+        return self.batcher.clock
 
     # ---- other threads ---------------------------------------------------------------------------
     def post_policy(self, policy: Policy) -> None:
@@ -78,11 +74,14 @@ class DeviceLoop:
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the loop (and the LLM's background compilation, which serves nobody once it stops)."""
         self._stop.set()
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self.llm is not None and self.llm.runner.compiled is not None:
+            self.llm.runner.compiled.stop()
 
     # ---- the device thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -108,18 +107,13 @@ class DeviceLoop:
 
     def run_once(self) -> bool:
         """Run one piece of work; False when there was nothing ready."""
-        if self.batcher is not None:
-            return run_once(self.batcher, self)
-        self.apply_inbox()  # standalone LLM (CLI chat, benchmarks): every iteration is an LLM step
-        assert self.llm is not None
-        return self.llm.scheduler.can_step(self.clock.now()) and self.llm_step()
+        return run_once(self.batcher, self)
 
     # Device protocol (homeai.scheduling.device)
     def apply_inbox(self) -> None:
         with self._policies_lock:
             policies, self._policies = self._policies, []
         for policy in policies:  # first: requests posted after a swap are routed by the new policy
-            assert self.batcher is not None, "a policy swap needs the batcher"
             self.batcher.apply_policy(policy)
         if self.llm is not None:
             self.llm.drain_inbox()
@@ -157,8 +151,14 @@ class DeviceLoop:
         self.wake.wait(timeout)
 
     def _next_wake(self, now: float) -> float | None:
-        if self.batcher is not None:
-            return self.batcher.next_wake_s(after=now)
-        if self.llm is not None:
-            return self.llm.scheduler.next_wake_s(after=now)
-        return None
+        return self.batcher.next_wake_s(after=now)
+
+
+def run_alone(llm: LLMEngine) -> DeviceLoop:
+    """A started device loop for one LLM engine and no embedding model (``homeai chat``, the benches,
+    tests): the loop and batcher the server runs, under a policy of one class for whatever the engine's
+    own scheduler plans. Stop it with ``shutdown()``."""
+    policy = Policy.model_validate({"classes": {"default": {"kind": "llm", "model": "alone"}}})
+    loop = DeviceLoop(llm, Batcher(policy, llm.scheduler, llm.scheduler.clock))
+    loop.start()
+    return loop

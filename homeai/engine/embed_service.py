@@ -18,22 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from homeai.engine.errors import EmbedBatchError, QueueTimeoutError, RequestError
 from homeai.engine.health import EngineHealth
-from homeai.engine.llm_engine import RequestError
 from homeai.policy.schema import Policy
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher, EmbedWork
 from homeai.scheduling.class_queue import QueuedItem
 
 log = logging.getLogger(__name__)
-
-
-class EmbedBatchError(RuntimeError):
-    """The batch holding this input failed on the device (HTTP 500 naming the cause)."""
-
-
-class QueueTimeoutError(Exception):
-    """A queued request passed its timeout under a REJECT policy (HTTP 503)."""
 
 
 @dataclass(slots=True)
@@ -50,10 +42,11 @@ class EmbedResult:
 
 
 class EmbedService:
-    def __init__(self, batcher: Batcher, embedders: dict[str, Embedder]) -> None:
+    def __init__(self, batcher: Batcher, embedders: dict[str, Embedder],
+                 wake: threading.Event | None = None) -> None:
         self.batcher = batcher
         self.embedders = embedders
-        self.wake: Any = None  # set by the device loop
+        self.wake = wake or threading.Event()  # the device loop's: set when a request is posted
         self.health = EngineHealth()  # failures of embedding batches (/readyz, /metrics)
         self._ids = itertools.count()
         self._inbox: list[tuple[str, str, list[QueuedItem]]] = []  # (push | cancel, class, items)
@@ -106,8 +99,7 @@ class EmbedService:
     def _post(self, kind: str, class_name: str, items: list[QueuedItem]) -> None:
         with self._inbox_lock:
             self._inbox.append((kind, class_name, items))
-        if self.wake is not None:
-            self.wake.set()
+        self.wake.set()
 
     def apply_inbox(self) -> None:
         """Device thread: queue posted requests (all inputs of one, or none of them if its queue is

@@ -18,7 +18,8 @@ from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
-from homeai.engine.llm_engine import LLMEngine, RequestError
+from homeai.engine.errors import RequestError
+from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.metering import Meter, Submission
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
@@ -103,8 +104,8 @@ class Gateway:
             # In a passing thread, as the LLM builder does: only the device thread keeps an OpenMP pool.
             self.embedders[name] = in_passing_thread(Embedder.load, self._folder(entry), device)
         self.batcher = Batcher(policy, scheduler)
-        self.embed_service = EmbedService(self.batcher, self.embedders)
         llm = next(iter(self.llms.values()), None)
+        self.embed_service = EmbedService(self.batcher, self.embedders, llm.wake if llm is not None else None)
         self.loop = DeviceLoop(llm=llm, batcher=self.batcher, embed=self.embed_service,
                                build_snapshot=self._build_snapshot)
         # The device thread owns the scheduling state: a swap is posted to it, never applied from here.

@@ -18,7 +18,7 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from homeai.core.sequence import Sequence, SequenceStatus
@@ -32,6 +32,7 @@ from homeai.core.types import (
     TokenLogprob,
 )
 from homeai.engine.detokenizer import IncrementalDetokenizer
+from homeai.engine.errors import RequestError
 from homeai.engine.health import EngineHealth
 from homeai.engine.model_runner import ModelRunner
 from homeai.engine.streams import StreamRegistry
@@ -42,10 +43,6 @@ from homeai.scheduling.interface import StepScheduler
 log = logging.getLogger(__name__)
 
 
-class RequestError(ValueError):
-    """A request the engine cannot serve as asked (the API maps it to HTTP 400)."""
-
-
 @dataclass(slots=True)
 class EngineStats:
     num_steps: int = 0
@@ -54,7 +51,6 @@ class EngineStats:
     num_preemptions: int = 0
     last_batch_tokens: int = 0
     last_batch_seqs: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -73,24 +69,8 @@ class LLMEngine:
         self._inbox: list[tuple[str, Any]] = []
         self._inbox_lock = threading.Lock()
         self.wake = threading.Event()  # set when work arrives; the device loop waits on it
-        self._loop_thread: Any = None
         self.health = EngineHealth()  # failures of this model's steps (/readyz, /metrics)
         self.weights = WeightsFormat("none", "not reported")  # what the builder loaded, and why
-
-    # ---- lifecycle (standalone use: CLI chat, benchmarks; the server's DeviceLoop drives it too) --
-    def start(self) -> None:
-        if self._loop_thread is None:
-            from homeai.engine.device_loop import DeviceLoop
-
-            self._loop_thread = DeviceLoop(llm=self)
-            self._loop_thread.start()
-
-    def shutdown(self) -> None:
-        if self._loop_thread is not None:
-            self._loop_thread.shutdown()
-            self._loop_thread = None
-        if self.runner.compiled is not None:
-            self.runner.compiled.stop()
 
     # ---- asyncio side ----------------------------------------------------------------------------
     def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

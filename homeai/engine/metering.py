@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from homeai.core.types import FinishReason, TokenDelta
-from homeai.engine.embed_service import QueueTimeoutError
+from homeai.engine.errors import QueueTimeoutError
 from homeai.scheduling.class_queue import QueueFullError
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from homeai.engine.embed_service import QueueTimeoutError
+from homeai.engine.errors import QueueTimeoutError
 from homeai.jobs.chunking import hf_token_offsets
 from homeai.scheduling.class_queue import QueueFullError
 

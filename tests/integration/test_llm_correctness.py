@@ -19,11 +19,13 @@ import pytest
 import torch
 from engine_helpers import assert_engine_empty
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+from waiting import await_until
 
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import FinishReason, SamplingParams, StepOutput
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids, load_tokenizer
+from homeai.engine.device_loop import run_alone
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
 from homeai.runtime.kv_cache import KVCache
@@ -194,9 +196,9 @@ def test_preempted_request_matches_an_unpreempted_run(model: LlamaModel, prompts
 def engine(folder: Path) -> Iterator[LLMEngine]:
     eng = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", quantization="none",
                                                 kv_cache_mb=48, max_num_batched_tokens=128))
-    eng.start()
+    loop = run_alone(eng)
     yield eng
-    eng.shutdown()
+    loop.shutdown()
 
 
 async def collect(engine: LLMEngine, ids: list[int], params: SamplingParams,
@@ -209,11 +211,8 @@ async def collect(engine: LLMEngine, ids: list[int], params: SamplingParams,
 
 
 async def wait_idle(engine: LLMEngine) -> None:
-    for _ in range(500):
-        if engine.is_idle():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("engine did not go idle")
+    """Until the device thread has applied everything posted to it (the last aborts, say)."""
+    await await_until(engine.is_idle, what="the engine to go idle")
 
 
 async def test_chat_template_answers_capital_of_france(engine: LLMEngine) -> None:
@@ -239,11 +238,21 @@ async def test_max_tokens_and_stop_strings(engine: LLMEngine, prompts: list[list
 
 
 async def test_add_and_abort_at_any_moment(engine: LLMEngine, prompts: list[list[int]]) -> None:
+    """16 clients arrive while others stream, each once its predecessor has had a random 0-3 deltas (moments
+    counted in the engine's own steps, not in seconds); every third is aborted after a random 0-6 of its
+    tokens (0: posted right behind its submission), long before its 200; some leave their
+    stream after two tokens. Every abort is applied within a step of being posted, and the pool ends full."""
     rng = random.Random(11)
     sched = engine.scheduler
     posted: dict[str, int] = {}
     applied: dict[str, int] = {}
     real_abort = sched.abort
+    num_clients = 16
+    arrives_after = [0] + [rng.randint(0, 3) for _ in range(num_clients - 1)]  # deltas of the client before
+    max_tokens = [200 if i % 3 == 0 else rng.randint(3, 14) for i in range(num_clients)]
+    abort_after = [rng.randint(0, 6) if i % 3 == 0 else None for i in range(num_clients)]
+    arrived = [asyncio.Event() for _ in range(num_clients)]
+    arrived[0].set()
 
     def recording_abort(request_id: str) -> Sequence | None:
         seq = real_abort(request_id)
@@ -256,27 +265,42 @@ async def test_add_and_abort_at_any_moment(engine: LLMEngine, prompts: list[list
         posted[request_id] = engine.stats.num_steps
         engine.abort(request_id)
 
+    def let_in_after(i: int, num_deltas: int) -> None:
+        if i + 1 < num_clients and num_deltas >= arrives_after[i + 1]:
+            arrived[i + 1].set()
+
     async def client(i: int) -> FinishReason | None:
-        await asyncio.sleep(rng.uniform(0.0, 0.6))
-        rid, params = f"client-{i}", greedy(rng.randint(3, 14))
-        if i % 3 == 0:  # long enough that the abort (at most 0.8 s later) always finds it running
-            params = greedy(200)
-            asyncio.get_running_loop().call_later(rng.uniform(0.0, 0.8), abort, rid)
-        if i % 5 == 4:  # a client that goes away after two deltas: leaving the stream aborts
-            async with contextlib.aclosing(engine.generate(prompts[i], params, rid)) as stream:
+        await arrived[i].wait()
+        rid, reason, num_deltas = f"client-{i}", None, 0
+        if abort_after[i] == 0:  # posted right behind the request, once generate() has submitted it
+            asyncio.get_running_loop().call_soon(abort, rid)
+        let_in_after(i, 0)
+        try:
+            async with contextlib.aclosing(engine.generate(prompts[i], greedy(max_tokens[i]), rid)) as stream:
                 async for delta in stream:
-                    if delta.num_output_tokens >= 2:
+                    num_deltas += 1
+                    reason = delta.finish_reason
+                    let_in_after(i, num_deltas)
+                    if delta.finished:
                         break
-            return None
-        return (await collect(engine, prompts[i], params, rid))[2]
+                    if abort_after[i] and delta.num_output_tokens >= abort_after[i] and rid not in posted:
+                        abort(rid)  # ignore_eos and 200 tokens: it is still running
+                    if i % 5 == 4 and delta.num_output_tokens >= 2:  # a client that goes away: leaving aborts
+                        return None
+        finally:
+            if i + 1 < num_clients:
+                arrived[i + 1].set()  # however this client ended, the next one comes
+        return reason
 
     sched.abort = recording_abort  # type: ignore[method-assign]
     try:
-        reasons = await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(16))), 90)
+        reasons = await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(num_clients))), 90)
         await wait_idle(engine)
     finally:
         del sched.abort
     assert FinishReason.ABORT in reasons and FinishReason.LENGTH in reasons
+    assert all(reasons[i] == FinishReason.ABORT for i in range(num_clients) if abort_after[i] is not None
+               and i % 5 != 4)  # (one that also leaves may be gone first)
     for rid, step in applied.items():
         if rid in posted:
             assert step - posted[rid] <= 1, f"{rid}: abort applied {step - posted[rid]} steps late"

@@ -16,6 +16,7 @@ import yaml
 from homeai.cli.repository_cmds import main as cli_main
 from homeai.core.types import SamplingParams
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
+from homeai.engine.device_loop import run_alone
 from homeai.repository.entries import get_entry, load_entry
 from homeai.repository.pull import ChecksumError, PullError, pull
 from homeai.runtime.llama import GGUF_WEIGHTS
@@ -39,7 +40,7 @@ def packaged_gguf(pulled_models: dict[str, Path]) -> Path:
 def chat_reply(folder: Path, quantization: str = "none") -> list[int]:
     engine = build_llm_engine(folder, EngineConfig(device="cpu", dtype="float32", kv_cache_mb=16,
                                                    quantization=quantization))
-    engine.start()
+    loop = run_alone(engine)
 
     async def run() -> list[int]:
         ids: list[int] = []
@@ -51,7 +52,7 @@ def chat_reply(folder: Path, quantization: str = "none") -> list[int]:
     try:
         return asyncio.run(run())
     finally:
-        engine.shutdown()
+        loop.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from homeai.core.block_manager import BlockManager
+from homeai.engine.device_loop import run_alone
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
 from homeai.runtime.kv_cache import KVCache
@@ -90,6 +91,6 @@ def make_engine(tiny_model: LlamaModel) -> EngineFactory:
 def small_engine(tiny_model: LlamaModel) -> Iterator[LLMEngine]:
     """One started engine shared by the async tests; each test leaves it empty (assert_engine_empty)."""
     engine = build_tiny_engine(tiny_model)
-    engine.start()
+    loop = run_alone(engine)
     yield engine
-    engine.shutdown()
+    loop.shutdown()

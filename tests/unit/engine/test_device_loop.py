@@ -41,7 +41,7 @@ class Rig:
         self.sched = ClassScheduler(BlockManager(40, 4), policy, self.clock)
         self.engine = LLMEngine(StepRunner(self.clock, self.sched), self.sched, LetterTokenizer(), [], 64)
         self.batcher = Batcher(policy, self.sched, self.clock)
-        self.embed = EmbedService(self.batcher, {"e": FakeEncoder(self.clock)})  # type: ignore[dict-item]
+        self.embed = EmbedService(self.batcher, {"e": FakeEncoder(self.clock)}, self.engine.wake)  # type: ignore[dict-item]
         self.loop = DeviceLoop(llm=self.engine, batcher=self.batcher, embed=self.embed)
 
     def search(self, rid: str) -> QueuedItem:

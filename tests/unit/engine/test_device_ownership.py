@@ -138,7 +138,7 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.runner = StepRunner(self.clock, self.sched)
         self.engine = LLMEngine(self.runner, self.sched, tokenizer=None, eos_token_ids=[], max_model_len=64)  # type: ignore[arg-type]
         self.batcher = Batcher(POLICIES[0], self.sched, self.clock)
-        self.embed = EmbedService(self.batcher, {"e": FakeEncoder(self.clock)})  # type: ignore[dict-item]
+        self.embed = EmbedService(self.batcher, {"e": FakeEncoder(self.clock)}, self.engine.wake)  # type: ignore[dict-item]
         self.device = DeviceLoop(llm=self.engine, batcher=self.batcher, embed=self.embed)
         self.streams: dict[str, asyncio.Queue[TokenDelta | Exception]] = {}
         self.seqs: dict[str, Sequence] = {}

@@ -77,7 +77,7 @@ class Rig:
         self.engine = LLMEngine(self.runner, self.sched, LetterTokenizer(), [], 256)  # type: ignore[arg-type]
         self.batcher = Batcher(policy, self.sched, self.clock)
         self.encoder = BrokenEncoder(self.clock)
-        self.embed = EmbedService(self.batcher, {"e": self.encoder})  # type: ignore[dict-item]
+        self.embed = EmbedService(self.batcher, {"e": self.encoder}, self.engine.wake)  # type: ignore[dict-item]
         self.loop = DeviceLoop(llm=self.engine, batcher=self.batcher, embed=self.embed)
 
     def run(self, steps: int = 200) -> None:
