@@ -35,7 +35,10 @@ JSON_SCHEMA = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMA))
 def engine(pulled_models: dict[str, Path]) -> LLMEngine:
     torch.set_num_threads(2)
     # A 32-token budget splits every prompt here into several prefill chunks.
-    cfg = EngineConfig(device="cpu", dtype="float32", kv_cache_mb=16, max_num_batched_tokens=32)
+    # float32 weights: a row's logits are then independent of how many rows share its step (int4's kernel
+    # picks its arithmetic by row count), so a neighbour's grammar is the only thing that could change them
+    cfg = EngineConfig(device="cpu", dtype="float32", quantization="none", kv_cache_mb=16,
+                       max_num_batched_tokens=32)
     return build_llm_engine(pulled_models["smollm2-135m-instruct"], cfg)
 
 

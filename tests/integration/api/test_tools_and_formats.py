@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import jsonschema
 import pytest
 import torch
@@ -155,16 +156,21 @@ def test_logprobs_are_log_softmax_of_the_model_logits(client: OpenAI, pulled_mod
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     content = answer.choices[0].logprobs.content  # type: ignore[union-attr]
     model = LlamaForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32)
+    # The server's weights may be int4 (the default for SmolLM2's Q4_1 GGUF), whose logits differ from
+    # float32 by what its int8 activations round (test_step_shapes.py bounds it): a logprob taken from
+    # another distribution (tempered, masked, unnormalised) misses by far more.
+    served = httpx.get(f"{client.base_url}".removesuffix("/v1/") + "/v1/stats").json()["device"][LLM]["weights"]
+    tolerance = 1e-3 if served == "none" else 0.15
     ids: list[int] = []
     with torch.no_grad():  # transformers' own greedy decode of the same prompt: the same tokens, its logits
         for entry in content:
             reference = model(torch.tensor([prompt + ids])).logits[0, -1].log_softmax(-1)
             ids.append(int(reference.argmax()))
             assert entry.token == tokenizer.decode([ids[-1]])
-            assert abs(entry.logprob - reference[ids[-1]].item()) < 1e-3
+            assert abs(entry.logprob - reference[ids[-1]].item()) < tolerance
             top = reference.topk(3)
             for alt, value in zip(entry.top_logprobs, top.values.tolist(), strict=True):
-                assert abs(alt.logprob - value) < 1e-3
+                assert abs(alt.logprob - value) < tolerance
     for entry in content:
         assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob >= entry.logprob - 1e-6
     done = client.completions.create(model=LLM, prompt="The capital of France is", max_tokens=4,
