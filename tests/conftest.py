@@ -23,7 +23,12 @@ MODEL_NAMES = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ``gpu`` marker skips, saying so, where there is no CUDA device: the only skip the suite has."""
+    """A test that needs the real models (``pulled_models``, directly or through a fixture such as a
+    server's) is ``slow`` even where its module forgot to say so. The ``gpu`` marker skips, saying so,
+    where there is no CUDA device: the only skip the suite has."""
+    for item in items:
+        if "pulled_models" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

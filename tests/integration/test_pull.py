@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from homeai.cli.repository_cmds import main as cli_main
+from homeai.repository import pull as pull_module
 from homeai.repository.cache import marker_path, models_cache_dir
 from homeai.repository.entries import PypiSource, get_entry
 from homeai.repository.pull import ChecksumError, pull
@@ -57,9 +57,10 @@ def test_converted_llm_folder(pulled_models: dict[str, Path]) -> None:
     assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 2
     assert "chat_template" in json.loads((folder / "tokenizer_config.json").read_text())
 
-    started_s = time.perf_counter()
+    # converted once, at pull time (the marker that completes the folder is written last); loading reads
+    # plain float32 tensors under Hugging Face names, with nothing left to convert (checked below)
+    assert (folder / "model.safetensors").stat().st_mtime_ns <= marker_path(folder).stat().st_mtime_ns
     tensors = load_file(folder / "model.safetensors")
-    assert time.perf_counter() - started_s < 3.0  # the point of converting once (loose bound on purpose)
     assert "lm_head.weight" not in tensors and tensors["model.embed_tokens.weight"].shape == (49152, 576)
     assert tensors["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
     assert {t.dtype for t in tensors.values()} == {torch.float32}
@@ -91,12 +92,16 @@ def test_logits_match_transformers_gguf_loading(pulled_models: dict[str, Path]) 
     assert diff < 1e-4
 
 
-def test_second_pull_is_a_noop(pulled_models: dict[str, Path], homeai_cache_dir: Path) -> None:
+def test_second_pull_is_a_noop(pulled_models: dict[str, Path], homeai_cache_dir: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a second pull fetched, converted or installed something")
+
+    for step in ("_fetch", "convert_gguf", "link_gguf", "_write_marker", "_install"):
+        monkeypatch.setattr(pull_module, step, no_work)
     for name, folder in pulled_models.items():
         before_ns = marker_path(folder).stat().st_mtime_ns
-        started_s = time.perf_counter()
         assert pull(get_entry(name), homeai_cache_dir, progress=False) == folder
-        assert time.perf_counter() - started_s < 1.0
         assert marker_path(folder).stat().st_mtime_ns == before_ns
     assert not [p for p in models_cache_dir(homeai_cache_dir).iterdir() if p.name.startswith(".tmp-")]
 

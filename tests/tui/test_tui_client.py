@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import httpx
 import pytest
 from textual.widgets import OptionList, Static, TextArea
 from tui_helpers import ReplayClient
+from waiting import await_until
 
 from tui.app import MonitorApp
 from tui.client import ApiError, GatewayClient, JobsUnavailable, SseParser
@@ -118,7 +119,7 @@ def sse_server() -> Iterator[tuple[int, threading.Event, threading.Event]]:
                 doc = {"time": time.time(), "uptime_s": 1.0, "classes": {}, "users": {}, "device": {}}
                 self.wfile.write(f"event: stats\ndata: {json.dumps(doc)}\n\n".encode())
                 self.wfile.flush()
-                time.sleep(0.1)
+                stop.wait(0.1)  # the server's pace: an event every 0.1 s until it goes away
 
         def log_message(self, *args: object) -> None:
             pass
@@ -146,11 +147,8 @@ async def test_stats_feed_shows_disconnected_and_reconnects_by_itself(
     async with app.run_test(size=(80, 24)) as pilot:
         line = app.screen.query_one(StatusLine)
 
-        async def until(check: object, timeout_s: float = 15.0) -> None:
-            deadline = time.monotonic() + timeout_s
-            while not check():  # type: ignore[operator]
-                assert time.monotonic() < deadline, "timed out"
-                await pilot.pause(0.1)
+        async def until(check: Callable[[], object]) -> None:
+            await await_until(check, pause=lambda: pilot.pause(0.1))
 
         await until(lambda: line.has_class("-down") and "disconnected" in str(Static.render(line)))
         start.set()
@@ -198,11 +196,8 @@ async def test_jobs_screen_pause_resume_cancel_and_add(tmp_path: Path) -> None:
         await pilot.press("j")
         screen = app.screen
 
-        async def until(check: object) -> None:
-            deadline = time.monotonic() + 10
-            while not check():  # type: ignore[operator]
-                assert time.monotonic() < deadline, f"timed out; calls: {api.calls}"
-                await pilot.pause(0.05)
+        async def until(check: Callable[[], object]) -> None:
+            await await_until(check, pause=lambda: pilot.pause(0.05), what=lambda: f"{check}; calls: {api.calls}")
 
         await until(lambda: screen.query("JobItem"))
         item = screen.query_one("JobItem")

@@ -10,7 +10,6 @@ on line 21, and nothing changes. The jobs screen shows what GET /v1/jobs says of
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from server_launcher import ServerProcess
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Label, ListView, OptionList, Static, TextArea
+from waiting import await_until
 
 from homeai.jobs.pause_point import PAUSE_MARKER_ENV
 from tui.app import MonitorApp
@@ -33,11 +33,7 @@ SIZE = (80, 24)
 
 
 async def wait_for(pilot: Pilot[None], check: Callable[[], object], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {check}")
-        await pilot.pause(0.1)
+    await await_until(check, timeout_s, pause=lambda: pilot.pause(0.1))
 
 
 async def chat(url: str, model: str, user: str) -> None:
@@ -56,9 +52,9 @@ async def test_dashboard_shows_live_classes_people_and_device(server_url: str) -
         await asyncio.gather(chat(server_url, "voice", "kids"), chat(server_url, "chat", "alice"))
         await wait_for(pilot, lambda: app.stats and app.stats.classes["voice"].ttft_samples > 0
                        and "alice" in app.stats.users)
-        await pilot.pause(0.3)
-        assert "live" in text_of(app.screen.query_one(StatusLine))
-        table = app.screen.query_one("#classes", DataTable)
+        status = app.screen.query_one(StatusLine)
+        await wait_for(pilot, lambda: "live" in text_of(status))
+        table = app.screen.query_one("#classes", DataTable)  # drawn from each document as it came
         assert {"voice", "chat"} <= {str(k.value) for k in table.rows}
         voice_chart = app.screen.query_one("#chart-0", LatencyChart)
         assert voice_chart.class_name == "voice" and any(v is not None for v in voice_chart.values)
@@ -241,7 +237,6 @@ async def test_reconnects_by_itself_when_the_server_restarts(pulled_models: dict
             num_docs = app.history.num_docs
             await asyncio.to_thread(server.start)  # same port, a new process
             await wait_for(pilot, lambda: app.connection.connected and app.history.num_docs > num_docs)
-            await pilot.pause(0.1)
-            assert "live" in text_of(line) and not line.has_class("-down")
+            await wait_for(pilot, lambda: "live" in text_of(line) and not line.has_class("-down"))
     finally:
         server.stop()

@@ -3,10 +3,9 @@ counters grow in /v1/stats and /metrics."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 SYSTEM = ("You are a voice assistant for a smart home. Keep answers short. The devices are: "
@@ -24,9 +23,9 @@ def test_a_repeated_system_prompt_is_served_from_the_cache(http: httpx.Client) -
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": turn}]
         http.post("/v1/chat/completions", json={"model": "voice", "messages": messages, "max_tokens": 2,
                                                 "temperature": 0}).raise_for_status()
-    deadline = time.monotonic() + 10  # the device thread publishes its view a moment after a step
-    while (after := voice_prefix(http))["requests"] - before["requests"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the device thread publishes its view a moment after a step: wait for both requests to show
+    wait_until(lambda: voice_prefix(http)["requests"] - before["requests"] >= 2, what="both requests in the stats")
+    after = voice_prefix(http)
     assert after["requests"] - before["requests"] == 2
     assert after["hit_requests"] - before["hit_requests"] >= 1
     assert after["hit_tokens"] - before["hit_tokens"] >= 200  # the system prompt is ~400 tokens

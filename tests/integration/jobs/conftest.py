@@ -8,7 +8,6 @@ of HOMEAI_TEST_DATABASE_URL (emptied first) when that is set.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from server_launcher import ServerProcess
 from sqlalchemy import Engine, create_engine
 from store_helpers import TEST_DATABASE_URL_ENV, empty_database, sync_url
+from waiting import wait_until
 
 POLICY = Path(__file__).with_name("policy.yaml")
 
@@ -64,12 +64,12 @@ def add_job(http: httpx.Client, **body: Any) -> dict[str, Any]:
 
 def wait_job(http: httpx.Client, job_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
     """The job once it is done (fails at once on failed or paused: nobody paused it; or on timeout)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = http.get(f"/v1/jobs/{job_id}").json()
+
+    def finished() -> dict[str, Any] | None:
+        job: dict[str, Any] = http.get(f"/v1/jobs/{job_id}").json()
         if job["state"] in ("failed", "paused"):
             pytest.fail(f"job {job_id} {job['state']}: {job}")
-        if job["state"] == "done":
-            return job  # type: ignore[no-any-return]
-        time.sleep(0.2)
-    pytest.fail(f"job {job_id} not done after {timeout_s} s: {job}")
+        return job if job["state"] == "done" else None
+
+    return wait_until(finished, timeout_s, interval_s=0.2,
+                      what=lambda: f"job {job_id} to be done: {http.get(f'/v1/jobs/{job_id}').json()}")

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 from server_launcher import ServerProcess
 from sqlalchemy import text
+from waiting import wait_until
 
 from tests.integration.jobs.conftest import add_job, database, wait_job
+
+pytestmark = pytest.mark.slow  # the jobs server serves the real models
 
 LOG_WAIT_S = 15.0  # the request log is written in batches off the request path
 
@@ -39,11 +42,19 @@ def log_rows(server: ServerProcess, where: str, **params: str) -> int:
 
 
 def wait_log_rows(server: ServerProcess, where: str, expected: int, **params: str) -> int:
-    """The row count once it reaches ``expected`` (or whatever it is after LOG_WAIT_S)."""
-    deadline = time.monotonic() + LOG_WAIT_S
-    while (count := log_rows(server, where, **params)) < expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return count
+    """The row count once it reaches ``expected`` (the log is written in batches off the request path)."""
+    wait_until(lambda: log_rows(server, where, **params) >= expected, LOG_WAIT_S, interval_s=0.2,
+               what=lambda: f"{expected} request-log rows where {where} (now {log_rows(server, where, **params)})")
+    return log_rows(server, where, **params)
+
+
+def wait_log_written(http: httpx.Client, server: ServerProcess) -> None:
+    """Until every request that ended before now has its request-log row: the log is one writer taking
+    rows in order, so once the row of a request made now is there, so is every row queued before it."""
+    marker = f"marker-{uuid.uuid4().hex[:6]}"
+    emb = {"model": "all-minilm-l6-v2", "input": "marker"}
+    assert http.post("/v1/embeddings", json=emb, headers={"X-HomeAI-User": marker}).status_code == 200
+    wait_log_rows(server, "\"user\" = :user", 1, user=marker)
 
 
 def metric(body: str, name: str, **labels: str) -> float:
@@ -87,8 +98,9 @@ def test_an_indexing_job_is_metered_in_stats_metrics_and_the_request_log(
     assert metric(metrics, "homeai_prompt_tokens_total", class_name="indexing", user="indexer") > 0
     assert metric(metrics, "homeai_e2e_seconds_count", class_name="indexing") >= after["ok"]
 
-    rows = wait_log_rows(jobs_server, "class_name = 'indexing'", rows_before + num_all)
-    assert rows - rows_before == num_all
+    wait_log_rows(jobs_server, "class_name = 'indexing'", rows_before + num_all)
+    wait_log_written(http, jobs_server)  # a duplicate row would be there by now
+    assert log_rows(jobs_server, "class_name = 'indexing'") - rows_before == num_all
     assert log_rows(jobs_server, "class_name = 'indexing' AND \"user\" = 'indexer' AND kind = 'embedding' "
                                  "AND num_prompt_tokens > 0 AND status = 'ok'") >= num_ok
 
@@ -116,5 +128,5 @@ def test_http_requests_are_counted_once(http: httpx.Client, jobs_server: ServerP
     assert sorted(r["kind"] for r in recent) == ["chat", "chat", "completion", "embedding"]
     assert all(r["status"] == "ok" for r in recent)
     assert wait_log_rows(jobs_server, "\"user\" = :user", 4, user=user) == 4
-    time.sleep(1.0)  # a duplicate would arrive in the same or the next batch
+    wait_log_written(http, jobs_server)  # a duplicate would have been queued before the marker
     assert log_rows(jobs_server, "\"user\" = :user", user=user) == 4

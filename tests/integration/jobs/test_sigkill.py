@@ -10,7 +10,6 @@ and blocks; the test waits for the marker rather than racing a progress poll aga
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +17,12 @@ import httpx
 import pytest
 from server_launcher import ServerProcess
 from sqlalchemy import text
+from waiting import wait_until
 
 from homeai.jobs.pause_point import PAUSE_AFTER_FILES_ENV, PAUSE_MARKER_ENV
 from tests.integration.jobs.conftest import add_job, database, wait_job
 
+pytestmark = pytest.mark.slow  # the jobs server serves the real models
 NUM_FILES = 120
 PAUSE_AFTER_FILES = 40
 WORDS = ("apple river mountain tax garden recipe school holiday train music doctor invoice garage bicycle "
@@ -70,12 +71,16 @@ def armed_server(jobs_server: ServerProcess, tmp_path: Path) -> Iterator[tuple[S
 
 def wait_paused(http: httpx.Client, job_id: int, marker: Path, timeout_s: float = 180.0) -> None:
     """Until the job has committed PAUSE_AFTER_FILES files and blocks at the pause point."""
-    deadline = time.monotonic() + timeout_s
-    while not marker.exists():
+
+    def paused() -> bool:
+        if marker.exists():
+            return True
         job = http.get(f"/v1/jobs/{job_id}").json()
         assert job["state"] in ("queued", "running"), f"the job ended before the pause point: {job}"
-        assert time.monotonic() < deadline, f"no pause marker after {timeout_s} s: {job}"
-        time.sleep(0.1)
+        return False
+
+    wait_until(paused, timeout_s, interval_s=0.1,
+               what=lambda: f"the pause marker (job: {http.get(f'/v1/jobs/{job_id}').json()})")
     assert marker.read_text() == str(PAUSE_AFTER_FILES)
 
 

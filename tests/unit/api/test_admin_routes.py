@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,9 @@ import pytest
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
+from waiting import DEFAULT_TIMEOUT_S
 
+from homeai.api import policy_watcher
 from homeai.api.admin_routes import admin_router
 from homeai.api.app import protection
 from homeai.api.drain import Drain
@@ -346,19 +349,35 @@ async def test_stats_stream_events(client: AsyncTestClient[Litestar]) -> None:
     assert r.text.count("event: stats") == 3
 
 
-async def test_watcher_refuses_invalid_then_applies_valid(holder: PolicyHolder, store: Store,
-                                                          policy_file: Path) -> None:
+def edit(path: Path, text: str) -> None:
+    """Replace the file at once (no half-written state to see) with a later mtime than the last: the
+    watcher sees exactly one change, whatever the clock's granularity (these texts have the same size)."""
+    before = path.stat()
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text, encoding="utf-8")
+    os.utime(partial, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    partial.replace(path)
+
+
+async def test_watcher_refuses_invalid_then_applies_valid(holder: PolicyHolder, store: Store, policy_file: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: asyncio.Queue[bool | None] = asyncio.Queue()  # the watcher's verdict on each change it saw
+
+    async def recording_check(*args: Any, **kwargs: Any) -> bool | None:
+        verdict = await check_policy_file(*args, **kwargs)
+        checked.put_nowait(verdict)
+        return verdict
+
+    monkeypatch.setattr(policy_watcher, "check_policy_file", recording_check)
     task = start_policy_watcher(holder, policy_file, store, interval_s=0.02)
     try:
-        await asyncio.sleep(0.05)
-        policy_file.write_text(VOICE_QUEUE_BAD, encoding="utf-8")
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0)  # one loop turn: the watcher has taken the file's first signature
+        edit(policy_file, VOICE_QUEUE_BAD)
+        assert await asyncio.wait_for(checked.get(), DEFAULT_TIMEOUT_S) is False  # seen, and refused
         assert holder.version == 1 and running_text(holder) == DEFAULT_TEXT
-        policy_file.write_text(CHAT_BATCH_32, encoding="utf-8")
-        for _ in range(100):
-            if holder.version == 2:
-                break
-            await asyncio.sleep(0.02)
+        edit(policy_file, CHAT_BATCH_32)
+        assert await asyncio.wait_for(checked.get(), DEFAULT_TIMEOUT_S) is True
+        assert holder.version == 2 and checked.empty()
         assert holder.current.classes["chat"].max_batch_size == 32
         assert running_text(holder) == CHAT_BATCH_32
         versions = await store.policy_versions.history()

@@ -5,14 +5,16 @@ real SIGTERM with streams in flight is tests/integration/api/test_drain.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
+from waiting import DEFAULT_TIMEOUT_S
 
 from homeai.api.auth import authenticate
 from homeai.api.drain import (
@@ -96,21 +98,71 @@ async def test_stats_stream_ends_when_the_drain_begins() -> None:
         await anext(events)
 
 
-async def test_the_deadline_ends_open_generations_and_close_disarms_it() -> None:
+class ManualLoop:
+    """The two loop calls a Drain makes, by hand: ``call_soon_threadsafe`` runs at once, ``call_later``
+    keeps its timer until the test fires it (an injected clock for the deadline)."""
+
+    def __init__(self) -> None:
+        self.timers: list[ManualTimer] = []
+
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
+        callback()
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> ManualTimer:
+        timer = ManualTimer(delay_s, callback)
+        self.timers.append(timer)
+        return timer
+
+    def fire(self) -> None:
+        """The deadline comes: every timer not cancelled goes off."""
+        for timer in self.timers:
+            if not timer.cancelled:
+                timer.callback()
+
+
+@dataclass
+class ManualTimer:
+    delay_s: float
+    callback: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def test_the_deadline_ends_open_generations() -> None:
+    """On the real loop: the deadline's timer ends every open generation (once, whatever the signals)."""
     gateway = FakeGateway()
+    ended = asyncio.Event()
+
+    def on_deadline() -> None:
+        end_open_generations(gateway)
+        ended.set()
+
     drain = Drain(timeout_s=0.05)
-    drain.attach(asyncio.get_running_loop(), lambda: end_open_generations(gateway))
+    drain.attach(asyncio.get_running_loop(), on_deadline)
     drain.begin()
     drain.begin()  # a second signal changes nothing
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(ended.wait(), DEFAULT_TIMEOUT_S)
     assert gateway.llms["llm"].failed_with == [SHUTDOWN_MESSAGE]
-    quiet = FakeGateway()
-    early = Drain(timeout_s=0.05)
-    early.attach(asyncio.get_running_loop(), lambda: end_open_generations(quiet))
+
+
+def test_a_second_signal_arms_no_second_deadline_and_close_disarms_it() -> None:
+    gateway, loop = FakeGateway(), ManualLoop()
+    drain = Drain(timeout_s=30.0)
+    drain.attach(cast(asyncio.AbstractEventLoop, loop), lambda: end_open_generations(gateway))
+    drain.begin()
+    drain.begin()  # a second signal changes nothing
+    assert [t.delay_s for t in loop.timers] == [30.0]
+    loop.fire()
+    assert gateway.llms["llm"].failed_with == [SHUTDOWN_MESSAGE]
+    quiet, loop = FakeGateway(), ManualLoop()
+    early = Drain(timeout_s=30.0)
+    early.attach(cast(asyncio.AbstractEventLoop, loop), lambda: end_open_generations(quiet))
     early.begin()
-    await asyncio.sleep(0)
     early.close()  # the server stopped before the deadline: nothing left to end
-    await asyncio.sleep(0.2)
+    assert [t.cancelled for t in loop.timers] == [True]
+    loop.fire()
     assert quiet.llms["llm"].failed_with == []
 
 

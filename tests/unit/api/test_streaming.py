@@ -7,20 +7,22 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from waiting import DEFAULT_TIMEOUT_S
 
 from homeai.api.errors import ClientGone
 from homeai.api.streaming import _ClosingASGIStreamingResponse, sse_data, until_disconnect
 
 
-async def _disconnect_after(delay_s: float) -> dict[str, Any]:
-    await asyncio.sleep(delay_s)
+async def _disconnect_once(happened: asyncio.Event) -> dict[str, Any]:
+    """The client's ``http.disconnect``, delivered once ``happened`` is set (never, if it is not)."""
+    await happened.wait()
     return {"type": "http.disconnect"}
 
 
 async def test_stream_closes_its_generator_when_the_client_leaves() -> None:
     """Litestar cancels the sending task on disconnect; our generator must see GeneratorExit (its
     ``finally`` is where the engine request is aborted), not wait for the garbage collector."""
-    closed = asyncio.Event()
+    closed, sending = asyncio.Event(), asyncio.Event()
 
     async def endless() -> AsyncIterator[bytes]:
         try:
@@ -31,39 +33,45 @@ async def test_stream_closes_its_generator_when_the_client_leaves() -> None:
 
     sent: list[Any] = []
 
-    async def slow_send(message: Any) -> None:  # a slow client: the disconnect comes while sending
+    async def stuck_send(message: Any) -> None:  # a slow client: the disconnect comes while sending
         sent.append(message)
-        await asyncio.sleep(1)
+        sending.set()
+        await asyncio.Event().wait()  # never done: only the disconnect ends this send
 
     stream = endless()  # held here, as Litestar's response holds it: no garbage collection to help
     response = _ClosingASGIStreamingResponse(iterator=stream)
-    await asyncio.wait_for(response.send_body(slow_send, lambda: _disconnect_after(0.05)), timeout=5)
+    await asyncio.wait_for(response.send_body(stuck_send, lambda: _disconnect_once(sending)), DEFAULT_TIMEOUT_S)
     assert closed.is_set() and len(sent) == 1
 
 
 class _FakeRequest:
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
+    """A request whose client leaves once ``gone`` is set."""
+
+    def __init__(self, gone: asyncio.Event) -> None:
+        self.gone = gone
 
     async def receive(self) -> dict[str, Any]:
-        return await _disconnect_after(self.delay_s)
+        return await _disconnect_once(self.gone)
 
 
 async def test_until_disconnect_cancels_the_work() -> None:
-    cancelled = asyncio.Event()
+    working, cancelled = asyncio.Event(), asyncio.Event()
 
-    async def slow() -> int:
+    async def endless_work() -> int:
+        working.set()  # the client leaves while the work runs
         try:
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             cancelled.set()
             raise
         return 1
 
     with pytest.raises(ClientGone):
-        await until_disconnect(_FakeRequest(0.02), slow())  # type: ignore[arg-type]
+        await asyncio.wait_for(until_disconnect(_FakeRequest(working), endless_work()),  # type: ignore[arg-type]
+                               DEFAULT_TIMEOUT_S)
     assert cancelled.is_set()
-    assert await until_disconnect(_FakeRequest(10), asyncio.sleep(0, result=7)) == 7  # type: ignore[arg-type]
+    stays = _FakeRequest(asyncio.Event())  # a client that never leaves
+    assert await until_disconnect(stays, asyncio.sleep(0, result=7)) == 7  # type: ignore[arg-type]
 
 
 def test_sse_format() -> None:

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from engine_helpers import assert_engine_empty, make_requests
+from waiting import await_until
 
 from homeai.core.block_manager import BlockManager
 from homeai.core.types import FinishReason, SamplingParams
@@ -142,8 +143,5 @@ async def test_async_streams_and_abort_leave_the_pool_full(small_engine: LLMEngi
     for i, (text, reason) in enumerate(results[:6]):
         assert reason == FinishReason.LENGTH and len(text) == 5 + i
     assert results[6] == FinishReason.ABORT
-    for _ in range(100):
-        if small_engine.is_idle():
-            break
-        await asyncio.sleep(0.01)
+    await await_until(small_engine.is_idle, what="the device thread to apply the last aborts")
     assert_engine_empty(small_engine)

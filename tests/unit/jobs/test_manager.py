@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 from store_helpers import open_store
+from waiting import DEFAULT_TIMEOUT_S
 
 from homeai.jobs.manager import JobManager, aps_id
 from homeai.store.db import Store
 
 
-async def wait_state(store: Store, job_id: int, state: str, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while (job := await store.jobs.get(job_id)) is None or job.state != state:
-            await asyncio.sleep(0.02)
+async def wait_run(job_id: int) -> None:
+    """Until the job's run (the task ``JobManager.launch`` started, named after the job) has ended; the
+    caller then checks the state it left."""
+    for run in [t for t in asyncio.all_tasks() if t.get_name() == f"job-{job_id}"]:
+        await asyncio.wait_for(asyncio.shield(run), DEFAULT_TIMEOUT_S)
 
 
 async def test_schedules_survive_a_restart(store: Store) -> None:
@@ -44,9 +47,11 @@ async def test_a_job_left_running_by_a_dead_process_runs_again(store: Store) -> 
     manager = JobManager(store, lambda: object())
     await manager.start()
     try:
-        await wait_state(store, job.id, "done")
+        await wait_run(job.id)
     finally:
         await manager.shutdown()
+    found = await store.jobs.get(job.id)
+    assert found is not None and found.state == "done"
     runs = await store.jobs.runs(job.id)
     assert [r.state for r in runs] == ["done", "interrupted"]
     assert runs[0].output == "deleted 0 request-log rows older than 30 days"
@@ -57,11 +62,12 @@ async def test_a_failing_job_is_failed_with_its_error(store: Store) -> None:
     await manager.start()
     try:
         job = await manager.add("index", {"path": "/definitely/not/here", "collection": "c"}, None, "test")
-        await wait_state(store, job.id, "failed")
+        await wait_run(job.id)
     finally:
         await manager.shutdown()
     found = await store.jobs.get(job.id)
-    assert found is not None and found.error is not None and "not a folder" in found.error
+    assert found is not None and found.state == "failed"
+    assert found.error is not None and "not a folder" in found.error
 
 
 async def test_a_schedule_changes_while_another_coroutine_holds_a_write(tmp_path: Path) -> None:
@@ -71,7 +77,13 @@ async def test_a_schedule_changes_while_another_coroutine_holds_a_write(tmp_path
     store = await open_store("sqlite", tmp_path)
     manager = JobManager(store, lambda: None)
     await manager.start()
-    holding = asyncio.Event()
+    holding, removing = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    real_remove_job = manager.scheduler.remove_job
+
+    def remove_job(job_id: str, *args: Any, **kwargs: Any) -> None:
+        loop.call_soon_threadsafe(removing.set)  # the delete has reached its first write
+        real_remove_job(job_id, *args, **kwargs)
 
     async def hold_the_write_lock() -> None:
         assert store.engine is not None
@@ -79,10 +91,11 @@ async def test_a_schedule_changes_while_another_coroutine_holds_a_write(tmp_path
             await conn.execute(text("CREATE TABLE held (x INTEGER)"))
             await conn.execute(text("INSERT INTO held VALUES (1)"))
             holding.set()
-            await asyncio.sleep(0.5)  # commits only if the loop runs meanwhile
+            await removing.wait()  # commits only if the loop runs while the delete waits for the lock
 
     try:
         job = await manager.add("retention", {"days": 30}, "0 3 * * *", "test")
+        manager.scheduler.remove_job = remove_job  # type: ignore[method-assign]
         holder = asyncio.create_task(hold_the_write_lock())
         await holding.wait()
         async with asyncio.timeout(10):

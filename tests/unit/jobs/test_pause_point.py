@@ -4,6 +4,7 @@ when unarmed (the sigkill integration test depends on all three)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,17 @@ from homeai.jobs.pause_point import PAUSE_AFTER_FILES_ENV, PAUSE_MARKER_ENV, pau
 
 
 async def blocks(num_files: int) -> bool:
-    """Whether the pause point is still waiting 50 ms after it was reached."""
-    try:
-        await asyncio.wait_for(pause_after_files(num_files), timeout=0.05)
-    except TimeoutError:
-        return True
-    return False
+    """Whether the pause point waits instead of returning: its task is still pending after its first step
+    (an armed point waits on what only a cancel or the process's death ends; the check itself never waits)."""
+    point = asyncio.ensure_future(pause_after_files(num_files))
+    await asyncio.sleep(0)  # one loop turn: the task has run up to its first wait, or to its end
+    if point.done():
+        point.result()
+        return False
+    point.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await point
+    return True
 
 
 async def test_unarmed_never_blocks(monkeypatch: pytest.MonkeyPatch) -> None:

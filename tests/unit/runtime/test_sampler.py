@@ -191,7 +191,6 @@ def test_empty_batch() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 def test_cuda_seeded_rows_reproducible() -> None:
     logits = random_logits(4, seed=3).cuda()
     params = [SamplingParams(temperature=1.0, top_p=0.9, repetition_penalty=1.2, seed=5)] * 4

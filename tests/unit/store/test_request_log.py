@@ -3,7 +3,6 @@ full, turns unhealthy while the database fails and healthy again once a write su
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, insert, select
 from store_helpers import BACKENDS, open_store
+from waiting import await_until
 
 from homeai.metrics.recorder import FinishedRequest, MetricsRecorder
 from homeai.store.db import Store
@@ -36,19 +36,13 @@ async def rows(store: Store) -> list[RequestLogRow]:
         return list(await session.scalars(select(RequestLogRow).order_by(RequestLogRow.id)))
 
 
-async def wait_for(predicate: object, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
-
-
 async def test_rows_are_written_in_batches(store: Store) -> None:
     assert store.sessions is not None
     writer = RequestLogWriter(store.sessions, batch_size=50)
     for i in range(120):
         writer.submit(finished(i))
     writer.start()
-    await wait_for(lambda: writer.num_written == 120)
+    await await_until(lambda: writer.num_written == 120)
     await writer.stop()
     found = await rows(store)
     assert [r.request_id for r in found] == [f"r{i}" for i in range(120)]
@@ -85,10 +79,10 @@ async def test_unhealthy_while_the_database_fails_then_recovers(store: Store) ->
     writer.write = flaky  # type: ignore[method-assign]
     writer.start()
     writer.submit(finished(1))
-    await wait_for(lambda: not writer.healthy)
+    await await_until(lambda: not writer.healthy)
     writer.submit(finished(2))  # serving goes on: submit never blocks
     failing = False
-    await wait_for(lambda: writer.healthy and writer.num_written == 2)
+    await await_until(lambda: writer.healthy and writer.num_written == 2)
     await writer.stop()
     assert [r.request_id for r in await rows(store)] == ["r1", "r2"]
 
@@ -120,7 +114,7 @@ async def test_the_recorder_feeds_the_writer(store: Store) -> None:
     now[0] = 0.15
     recorder.tokens("q", 2)
     recorder.finished("q", "ok", 3)
-    await wait_for(lambda: writer.num_written == 1)
+    await await_until(lambda: writer.num_written == 1)
     await writer.stop()
     (row,) = await rows(store)
     assert row.user == "bob" and row.num_output_tokens == 3
