@@ -73,7 +73,8 @@ class Simulator:
         self.mapping = mapping
         self.block_manager = BlockManager(num_kv_blocks, block_size)
         # The planner's step-cost model starts from the profile, as `homeai bench calibrate` seeds a server.
-        seed = StepCostModel(cost.base_s, cost.per_token_s + cost.per_seq_s)
+        seed = StepCostModel(cost.base_s, cost.per_token_s + cost.per_seq_s, prompt_token_s=cost.per_token_s,
+                             per_ctx_s=cost.per_ctx_token_s)
         self.scheduler = ClassScheduler(self.block_manager, policy, self.clock, step_cost=seed)
         self.batcher = Batcher(policy, self.scheduler, self.clock,
                                embed_cost=StepCostModel(cost.embed_base_s, cost.embed_per_token_s))
