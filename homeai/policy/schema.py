@@ -22,6 +22,9 @@ LevelKey = Annotated[int, Field(strict=False)]
 # The background classes' min_share together: at most half of every step and of the device, so the other
 # half is always left to interactive work (a voice prompt is planned within it before any share is paid).
 MAX_BACKGROUND_SHARE = 0.5
+# A background-only step while the house is active lasts at most this fraction of an interactive class's
+# TTFT target (``arrival_step_fraction`` overrides it per class): a request arriving during it waits that.
+DEFAULT_ARRIVAL_STEP_FRACTION = 0.1
 
 
 class _Strict(BaseModel):
@@ -99,6 +102,21 @@ class ClassPolicy(_Strict):
         "tool result the model answers in words")
     fairness: Fairness = Field(default_factory=Fairness)
     targets: Targets = Field(default_factory=Targets)
+    # How an interactive LLM class trades its own speed for the background's throughput
+    latency_margin: float | None = Field(
+        None, ge=0.0, le=10.0,
+        description="interactive llm: how much the work of less important classes may lengthen a step that "
+        "carries this class's work (0.15: at most 15 % longer than the step without it, as the planner's "
+        "fitted cost model predicts it); unset: only the step budget from the targets bounds it")
+    margin_between_steps: bool = Field(
+        False, description="with latency_margin: the margin also bounds the background batches run between "
+        "this class's steps, so its tokens come as in a quiet house (not only its steps); false: those batches "
+        "fill the time its ITL target leaves")
+    arrival_step_fraction: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="with latency_margin and a TTFT target: while the class is active, a step of background "
+        f"work lasts at most this fraction of its TTFT target, what a request arriving during it waits "
+        f"(default {DEFAULT_ARRIVAL_STEP_FRACTION})")
 
     @model_validator(mode="after")
     def _check(self) -> ClassPolicy:
@@ -125,6 +143,18 @@ class ClassPolicy(_Strict):
             for key in ("max_running", "max_output_tokens"):
                 if getattr(self, key) is not None:
                     problems.append(((key,), "only for llm classes", getattr(self, key)))
+        if self.latency_margin is not None and (self.kind != "llm" or self.background):
+            msg = ("only for interactive llm classes: it bounds how much less important work may lengthen "
+                   "this class's steps")
+            problems.append((("latency_margin",), msg, self.latency_margin))
+        if self.margin_between_steps and self.latency_margin is None:
+            problems.append((("margin_between_steps",), "only with latency_margin", self.margin_between_steps))
+        if self.arrival_step_fraction is not None:
+            if self.latency_margin is None:
+                problems.append((("arrival_step_fraction",), "only with latency_margin", self.arrival_step_fraction))
+            elif self.targets.ttft_ms is None:
+                problems.append((("arrival_step_fraction",), "needs targets.ttft_ms (a fraction of it)",
+                                 self.arrival_step_fraction))
         _fail("ClassPolicy", problems)
         return self
 
@@ -135,6 +165,14 @@ class ClassPolicy(_Strict):
     @property
     def max_queue_delay_s(self) -> float:
         return self.max_queue_delay_microseconds / 1e6
+
+    @property
+    def arrival_fraction(self) -> float | None:
+        """The fraction of its TTFT target a background-only step may last while this class is active
+        (None: the class sets no latency_margin, or has no TTFT target)."""
+        if self.latency_margin is None or self.targets.ttft_ms is None:
+            return None
+        return self.arrival_step_fraction if self.arrival_step_fraction is not None else DEFAULT_ARRIVAL_STEP_FRACTION
 
 
 class UserPolicy(_Strict):
