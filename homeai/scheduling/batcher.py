@@ -10,9 +10,14 @@ Order of preference:
    batch is cut to the running interactive sequences' ITL slack;
 3. LLM work that is new to admit (a prefill whose delay window is open) runs first: TTFT matters;
 4. a background embedding batch runs while the running interactive sequences have slack against
-   their inter-token-latency targets (time since the last LLM step + the batch's expected cost stays
-   under the tightest ITL target): background work fills idle capacity, including the gaps between
-   decode steps, without making anyone's tokens late;
+   their inter-token-latency targets (time since the last LLM step + the batch's expected cost + the
+   next step stays under the tightest ITL target): background work fills idle capacity, including the
+   gaps between decode steps, without making anyone's tokens late. Where the running classes set latency
+   margins the planner predicts the next step (its lower-class work is bounded), else it is assumed to
+   last ITL_STEP_FRACTION of the target; a class whose margin spans the time between its steps
+   (``margin_between_steps``, voice) keeps its tokens within (1 + margin) of its own step, gaps
+   included; waiting interactive work goes first, except a request of a class that already decodes,
+   which may wait behind a batch within its arrival bound (``admission_hold_s``);
 5. otherwise the LLM step.
 
 Every embedding batch, interactive or background, is cut to what the interactive LLM classes' latency
@@ -21,7 +26,9 @@ the embedding model fitted online (``seconds = base_s + per_token_s * tokens``),
 of the tightest running ITL target after an LLM step while an interactive class decodes, and within a
 fraction of the tightest TTFT target otherwise (a voice request may arrive during it, after a quiet
 spell too). A flood of long inputs thus takes turns with voice's tokens in short batches instead of
-second-long ones.
+second-long ones. While the house is active a background batch lasts at most what a voice request
+arriving during it could bear: the LLM classes' arrival bound where they set latency margins (as
+background-only LLM steps), else BACKGROUND_BATCH_TTFT_FRACTION of the tightest TTFT target.
 """
 
 from __future__ import annotations
@@ -146,7 +153,8 @@ class Batcher:
                 if work is not None:
                     self._forced = cp_name
                     return work
-            if llm_has_work and self.llm is not None and self.llm.interactive_admission_ready(now):
+            if llm_has_work and self.llm is not None and self.llm.interactive_admission_ready(now) \
+                    and not (background and self._has_slack(background[0], now)):
                 return LLM_STEP
             if background and self._has_slack(background[0], now):
                 # With only background LLM work (nothing interactive runs), take turns with it.
@@ -223,9 +231,27 @@ class Batcher:
             return None
         if q.name not in self._per_item_s:
             return 1
-        budget_s = BACKGROUND_BATCH_TTFT_FRACTION * min(targets)
+        arrival = self._arrival_bound_s()
+        budget_s = arrival if arrival is not None else BACKGROUND_BATCH_TTFT_FRACTION * min(targets)
         per_item_s = max(self._per_item_s[q.name], 1e-9)  # a batch of inputs nobody awaited costs 0
         return max(1, min(q.policy.max_batch_size, int(budget_s / per_item_s)))
+
+    def _arrival_bound_s(self) -> float | None:
+        """The longest a background batch may last while the house is active where the interactive LLM
+        classes set latency margins: what their requests arriving during it could bear (their
+        ``arrival_step_fraction`` of the TTFT target), as background-only LLM steps are bounded."""
+        bounds = [cp.arrival_fraction * cp.targets.ttft_ms / 1000.0 for cp in self.policy.classes.values()
+                  if cp.kind == "llm" and cp.arrival_fraction is not None and cp.targets.ttft_ms]
+        return min(bounds) if bounds else None
+
+    def _interval_limit_s(self, itl_targets: list[float]) -> float:
+        """The longest the time from the last LLM step's end to the next one's may be: within the running
+        interactive classes' ITL targets, and within the latency margins of those whose margin also
+        spans the time between their steps (``margin_between_steps``)."""
+        limit = ITL_SLACK_FRACTION * min(itl_targets)
+        if self.llm is not None:
+            limit = min([limit, *self.llm.margin_intervals_s()])
+        return limit
 
     def _starved_background(self, now: float) -> list[str]:
         """Background classes whose share credit covers their next batch (see the module docstring)."""
@@ -246,7 +272,7 @@ class Batcher:
         per_item = self._per_item_s.get(q.name)
         if not itl_targets or not per_item:
             return q.policy.max_batch_size
-        slack_s = ITL_SLACK_FRACTION * min(itl_targets) - (now - self._last_llm_end_s) \
+        slack_s = self._interval_limit_s(itl_targets) - (now - self._last_llm_end_s) \
             - self._next_llm_step_s(itl_targets)
         return max(1, min(q.policy.max_batch_size, int(slack_s / per_item)))
 
@@ -254,17 +280,23 @@ class Batcher:
         """True when no interactive sequence runs, or a batch fits in the tightest ITL target's slack.
         Never while interactive LLM requests wait in a queue: then the LLM runs at full speed to drain
         them, and background work gets only its min_share."""
-        if self.llm is not None and self.llm.has_waiting_interactive():
+        if self.llm is not None and self.llm.has_waiting_interactive() \
+                and self._cost_s.get(name, float("inf")) > self.llm.admission_hold_s(now):
             return False
         itl_targets = self._running_itl_targets_s()
         if not itl_targets:
             return True
         cost = self._cost_s.get(name, 0.0) + self._next_llm_step_s(itl_targets)  # the next token needs a step
-        return (now - self._last_llm_end_s) + cost <= ITL_SLACK_FRACTION * min(itl_targets)
+        return (now - self._last_llm_end_s) + cost <= self._interval_limit_s(itl_targets)
 
     def _next_llm_step_s(self, itl_targets: list[float]) -> float:
-        """What the next LLM step may cost: the planner sizes steps up to ITL_STEP_FRACTION of the
-        tightest ITL target, and a step with a new prompt chunk is that long, not the average."""
+        """What the next LLM step may cost: where the running interactive classes set latency margins,
+        what the planner predicts (the margins bound what lower-class work adds, a prompt chunk
+        included); otherwise the planner sizes steps up to ITL_STEP_FRACTION of the tightest ITL target,
+        and a step with a new prompt chunk is that long, not the average."""
+        predicted = self.llm.next_step_s() if self.llm is not None else None
+        if predicted is not None:
+            return predicted
         return max(self._cost_s.get(LLM_STEP, 0.0), ITL_STEP_FRACTION * min(itl_targets))
 
     def _running_itl_targets_s(self) -> list[float]:

@@ -343,6 +343,10 @@ class ClassQueue:
         arrivals = [a for lv in self._levels.values() if (a := lv.oldest_arrival_s()) is not None]
         return min(arrivals) if arrivals else None
 
+    def oldest_arrival_s(self) -> float | None:
+        """When the longest-waiting queued request arrived (None: the queue is empty). A query."""
+        return self._oldest_arrival_s()
+
     # ---- inspection ---------------------------------------------------------------------------
     def __len__(self) -> int:
         return sum(level.num_live for level in self._levels.values())

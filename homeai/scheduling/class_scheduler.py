@@ -15,6 +15,16 @@ ends within the latency targets of the active interactive classes (``step_budget
    tokens: their running prompts' chunks, then admissions;
 4. what is left, class by class in importance order (background fills idle capacity).
 
+An interactive class with a ``latency_margin`` is served as in a quiet house (``step_guard``): while a
+step carries its work, the rows and prompt tokens of less important classes (chat's for voice, the
+background's for both) may make it at most (1 + margin) times as long as its own work, by the fitted
+cost model (``StepCostModel.predict_s``: rows, tokens, context); a background row it has no room for waits
+for a later step (least recently served first), background rows come after the interactive prompts, and
+a min_share pass passes the margins by its rate only. While the house is active a background-only step
+lasts at most the classes' arrival bound, and a running class's own new prompts keep its next token
+within its ITL target. Without margins (a policy that sets none) background prompt chunks keep the
+older limit (min_share of the budget, at least BACKGROUND_CHUNK_TOKENS, while the house is active).
+
 A more important class takes sequence slots or KV blocks from the least important running class by
 preemption (recompute later), except what holds a background class's share: the victims are chosen
 first and preempted only if together they make the room (a preemption that makes none only throws
@@ -44,6 +54,7 @@ from homeai.scheduling.step_budget import (
     StepCostModel,
     step_token_budget,
 )
+from homeai.scheduling.step_guard import MarginClass, StepGuard
 
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 NO_RANK = 10 * BACKGROUND_RANK  # after every class
@@ -80,7 +91,14 @@ class ClassScheduler(StepScheduler):
         super().__init__()
         # Fitted online from the steps' measured durations (schedule() to update() on this clock).
         self.step_cost = step_cost or StepCostModel()
-        self._in_flight: tuple[float, int] | None = None
+        self._in_flight: tuple[float, int, int, int] | None = None  # (start, tokens, rows, context)
+        self.guard = StepGuard(self.step_cost, BACKGROUND_RANK)  # latency margins: lower-class work per step
+        self._deferred: set[int] = set()  # decode rows a latency margin kept out of this step (so far)
+        self._last_served: dict[int, int] = {}  # seq id -> the step that last ran a chunk of it
+        self._num_steps = 0
+        self.last_step_s: float | None = None  # the last planned step's predicted length
+        self._last_step_end_s: float | None = None  # when the last step's results came back
+        self._last_own_s: dict[int, float] = {}  # rank -> last step's predicted length with work of ranks <= it
         self._budget = policy.scheduler.max_num_batched_tokens
         self.shares = ShareGuard()  # min_share: credit, share-holding sequences, tokens taken on shares
         if block_manager is not None:
@@ -227,6 +245,7 @@ class ClassScheduler(StepScheduler):
 
     def _forget(self, seq: Sequence) -> None:
         self._num_reused.pop(seq.seq_id, None)
+        self._last_served.pop(seq.seq_id, None)
         state = self.classes.get(seq.class_name)
         if seq in self.running:
             self.running.remove(seq)
@@ -264,14 +283,64 @@ class ClassScheduler(StepScheduler):
         return (cap is None or state.num_running < cap) and _due(state.queue.next_ready_at(now), now)
 
     def has_waiting_interactive(self) -> bool:
+        """Interactive requests wait in a queue or for the rest of their prompt, or interactive decode
+        rows a latency margin kept out of the last step wait for the next (their tokens are due)."""
         with self.lock:
-            return any(len(s.queue) for s in self.classes.values() if not s.policy.background)
+            return any(len(s.queue) for s in self.classes.values() if not s.policy.background) \
+                or any(self._rank(s) < BACKGROUND_RANK and (s.seq_id in self._deferred or (
+                    s.num_pending_tokens > 1 and self.classes[s.class_name].policy.latency_margin is not None))
+                    for s in self.running)
+
+    def admission_hold_s(self, now: float) -> float:
+        """How long the waiting interactive work may still wait behind background work: a request of a
+        class with a latency margin that already decodes (its next step is due within its ITL target
+        anyway) may wait up to its arrival bound (``arrival_step_fraction`` of its TTFT target) counted
+        from its arrival, as if it had arrived during a background step; anything else waits for nothing
+        (0): a class without a margin or none of its own running, a request preempted once, a decode row
+        a margin kept out of the last step (its token is due). inf: nothing waits."""
+        with self.lock:
+            hold = float("inf")
+            for c in self.classes.values():
+                if c.policy.background:
+                    continue
+                mine = [s for s in self.running if s.class_name == c.name]
+                prefills = [s for s in mine if s.num_pending_tokens > 1]
+                if not len(c.queue) and not prefills:
+                    continue
+                fraction = c.policy.arrival_fraction
+                if fraction is None or len(prefills) == len(mine):
+                    return 0.0
+                bound = fraction * c.policy.targets.ttft_ms / 1000.0  # type: ignore[operator]
+                oldest = c.queue.oldest_arrival_s()
+                arrivals = [s.arrival_s for s in prefills] + ([oldest] if oldest is not None else [])
+                if any(s.num_preemptions for s in prefills):
+                    return 0.0
+                hold = min(hold, bound - (now - min(arrivals)))
+            if any(self._rank(s) < BACKGROUND_RANK for s in self.running if s.seq_id in self._deferred):
+                return 0.0
+            return max(0.0, hold)
 
     def running_itl_targets_s(self) -> list[float]:
         with self.lock:
             return [s.policy.targets.itl_ms / 1000.0 for s in self.classes.values()
                     if s.num_running and not s.policy.background and s.policy.targets is not None
                     and s.policy.targets.itl_ms]
+
+    def next_step_s(self) -> float | None:
+        with self.lock:
+            running = [c for c in self.classes.values() if c.num_running and not c.policy.background]
+            if not running or any(c.policy.latency_margin is None for c in running):
+                return None
+            return self.last_step_s
+
+    def margin_intervals_s(self) -> list[float]:
+        with self.lock:
+            if self.last_step_s is None:
+                return []
+            return [(1.0 + c.policy.latency_margin) * self._last_own_s.get(c.rank, self.last_step_s)
+                    for c in self.classes.values()
+                    if c.num_running and not c.policy.background and c.policy.latency_margin is not None
+                    and c.policy.margin_between_steps]
 
     def drain_rejected(self) -> list[Sequence]:
         with self.lock:
@@ -291,6 +360,10 @@ class ClassScheduler(StepScheduler):
             self.shares.start_step()
             plan = StepPlan()
             self._blocked_rank = NO_RANK
+            self.guard.cost = self.step_cost
+            margins = self._margin_classes()
+            self.guard.start(margins, self._deadlines(now) if margins else None)
+            self._deferred = set()
             self._shed_over_limits(plan)  # 0. lowered caps hold from this step
             self.shares.protect(self.classes.values(), self.running, self.block_manager, self.max_num_seqs)
             self._schedule_decodes(plan)  # 1. every running decode: tokens are due, and cheap
@@ -308,14 +381,68 @@ class ClassScheduler(StepScheduler):
             for state in interactive:
                 self._serve_class(plan, state, now, limit=None, for_share=False, leave=leave)
             self._reserved_slots = 0
-            for state in owed:  # 3. background classes owed their min_share
-                self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True)
+            for state in owed:  # 3. background classes owed their min_share (its rate passes the margins)
+                rate = min(self.shares.credit(state), int(state.policy.min_share * self._budget))
+                self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True, rate=rate)
+            blunt = self._blunt_background_limit()
             for state in by_rank:  # 4. what is left, by class importance
-                limit = self.shares.background_limit(state, self._budget, self._interactive_now)
+                limit = self.shares.background_limit(state, self._budget, self._interactive_now) if blunt else None
                 self._serve_class(plan, state, now, limit=limit, for_share=False)
+            if plan.is_empty and self._deferred:  # the bounds never leave a step with running work empty
+                self._force_one_deferred(plan)
             self.shares.charge(self.classes.values(), plan, self.seqs)
-            self._in_flight = (now, plan.num_tokens)
+            self._finish_plan(plan, now)
             return plan
+
+    def _finish_plan(self, plan: StepPlan, now: float) -> None:
+        """What the next step and the batcher learn from this plan: when each sequence last ran, the
+        step's predicted length (all of it, and with the work of each rank and above)."""
+        self._num_steps += 1
+        rows = len(plan.chunks)
+        ctx = sum(c.start + c.num_tokens for c in plan.chunks)
+        for c in plan.chunks:
+            self._last_served[c.seq_id] = self._num_steps
+        self._in_flight = (now, plan.num_tokens, rows, ctx)
+        self.last_step_s = self.guard.seconds() if rows else None
+        self._last_own_s = {rank: self.guard.seconds(rank) for rank in self.guard.by_rank}
+
+    def _margin_classes(self) -> list[MarginClass]:
+        """The interactive classes whose latency_margin bounds lower-class work this step (a retired class
+        keeps its margin for what still runs; no request of it can arrive any more)."""
+        out = []
+        for c in self.classes.values():
+            p = c.policy
+            if p.background or p.latency_margin is None or (c.retired and not c.num_running):
+                continue
+            fraction = p.arrival_fraction
+            arrival = None
+            if fraction is not None and self._interactive_now and not c.retired:
+                arrival = fraction * p.targets.ttft_ms / 1000.0  # type: ignore[operator]
+            out.append(MarginClass(c.rank, p.latency_margin, arrival))
+        return out
+
+    def _deadlines(self, now: float) -> list[tuple[int, float]]:
+        """Running interactive classes' next tokens are due by their ITL target, counted from the last
+        step's end (background batches may have run since): prompts of their own class and less important
+        work may only make this step end by then (never shorter than a step of MIN_STEP_TOKENS rows)."""
+        since = max(0.0, now - self._last_step_end_s) if self._last_step_end_s is not None else 0.0
+        return [(c.rank, c.policy.targets.itl_ms / 1000.0 - since) for c in self.classes.values()
+                if c.num_running and not c.policy.background and c.policy.targets.itl_ms]
+
+    def _blunt_background_limit(self) -> bool:
+        """Background prompt chunks keep the older blunt limit (min_share of the budget, at least
+        BACKGROUND_CHUNK_TOKENS, while the house is active) unless every interactive class sets a
+        latency_margin: then the margins and the arrival bound size them."""
+        return any(not c.policy.background and c.policy.latency_margin is None and not c.retired
+                   for c in self.classes.values())
+
+    def _force_one_deferred(self, plan: StepPlan) -> None:
+        for seq in sorted((s for s in self.running if s.seq_id in self._deferred),
+                          key=lambda s: (self._rank(s), self._last_served.get(s.seq_id, 0), s.arrival_s, s.seq_id)):
+            if seq.status == SequenceStatus.RUNNING and self._grow(seq, 1, plan) == 1:
+                self._add_chunk(plan, seq, 1)
+                self._deferred.discard(seq.seq_id)
+                return
 
     def _expire(self, now: float) -> None:
         for state in self.classes.values():
@@ -352,13 +479,34 @@ class ClassScheduler(StepScheduler):
     def _schedule_decodes(self, plan: StepPlan) -> None:
         """One token for every running sequence whose prompt is done, most important class first. They
         may pass the latency budget (a due token never waits) but never ``max_num_batched_tokens``."""
-        order = sorted(self.running, key=lambda s: (self._rank(s), s.arrival_s, s.seq_id))
+        order = sorted(self.running, key=lambda s: (self._rank(s), self._last_served.get(s.seq_id, 0),
+                                                    s.arrival_s, s.seq_id))
         for seq in order:
             if plan.num_tokens >= self.max_num_batched_tokens:
                 break
-            if seq.status == SequenceStatus.RUNNING and seq.num_pending_tokens == 1 \
-                    and self._grow(seq, 1, plan) == 1:
-                plan.chunks.append(_chunk(seq, 1))
+            if seq.status != SequenceStatus.RUNNING or seq.num_pending_tokens != 1:
+                continue
+            # Under latency margins a background row comes after the interactive prompts (its class's
+            # pass), and a row a margin has no room for waits for a later step (least served first).
+            if self.guard.guarded and (self._is_background(seq) or not self._fits(seq, 1)):
+                self._deferred.add(seq.seq_id)
+                continue
+            if self._grow(seq, 1, plan) == 1:
+                self._add_chunk(plan, seq, 1)
+
+    def _is_background(self, seq: Sequence) -> bool:
+        return self._rank(seq) >= BACKGROUND_RANK
+
+    def _fits(self, seq: Sequence, n: int) -> bool:
+        fit = self.guard.tokens_fit(self._rank(seq), seq.num_computed_tokens, 0, decode=True) \
+            if self.guard.guarded else None
+        return fit is None or fit >= n
+
+    def _add_chunk(self, plan: StepPlan, seq: Sequence, n: int) -> None:
+        """Plan ``n`` tokens of ``seq`` (none planned yet) and count them in the step's shape."""
+        chunk = _chunk(seq, n)
+        plan.chunks.append(chunk)
+        self.guard.add(self._rank(seq), n, 1, chunk.start + n)
 
     def _grow(self, seq: Sequence, n: int, plan: StepPlan) -> int:
         """KV for up to ``n`` tokens of a running sequence beyond those computed; returns how many it
@@ -398,22 +546,44 @@ class ClassScheduler(StepScheduler):
         return n
 
     def _serve_class(self, plan: StepPlan, state: LLMClassState, now: float, limit: int | None,
-                     for_share: bool, leave: int = 0) -> None:
-        """Prompt chunks for the class's running prefills, then its admissions, within the room left in
-        the budget less ``leave`` tokens (and ``limit`` tokens, for a min_share pass). Going class by
-        class pauses a less important class's running prefill while a more important class waits."""
+                     for_share: bool, leave: int = 0, rate: int = 0) -> None:
+        """Decode rows a latency margin kept out of the step so far (least recently served first), then
+        prompt chunks for the class's running prefills, then its admissions, within the room left in the
+        budget less ``leave`` tokens (and ``limit`` tokens, for a min_share pass) and within the latency
+        margins of the more important classes in the step (``StepGuard``; a min_share pass may pass them
+        by ``rate`` tokens, its share of this step). Going class by class pauses a less important class's
+        running prefill while a more important class waits."""
         taken = 0
 
-        def room() -> int:
+        def room(start: int | None = None, planned: int = 0) -> int:
             r = self._room(plan) - leave
-            return r if limit is None else min(r, limit - taken)
+            if limit is not None:
+                r = min(r, limit - taken)
+            if start is not None and self.guard.guarded:
+                fit = self.guard.tokens_fit(state.rank, start, planned)
+                if fit is not None:
+                    r = min(r, max(fit, rate - taken) if for_share else fit)
+            return r
 
-        for seq in sorted((s for s in self.running if s.class_name == state.name),
-                          key=lambda s: (s.arrival_s, s.seq_id)):
+        mine = [s for s in self.running if s.class_name == state.name]
+        if self._deferred:  # decode rows: past the budget as all decodes, within the margins and limit
+            for seq in sorted((s for s in mine if s.seq_id in self._deferred),
+                              key=lambda s: (self._last_served.get(s.seq_id, 0), s.arrival_s, s.seq_id)):
+                if plan.num_tokens >= self.max_num_batched_tokens or (limit is not None and taken >= limit):
+                    break
+                fit = self.guard.tokens_fit(state.rank, seq.num_computed_tokens, 0, decode=True)
+                if seq.status != SequenceStatus.RUNNING or (
+                        fit is not None and fit < 1 and not (for_share and taken < rate)):
+                    continue
+                if self._grow(seq, 1, plan) == 1:
+                    self._take_tokens(plan, seq, 1, for_share)
+                    self._deferred.discard(seq.seq_id)
+                    taken += 1
+        for seq in sorted(mine, key=lambda s: (s.arrival_s, s.seq_id)):
             if seq.num_pending_tokens == 1:
-                continue  # a decode: planned already
+                continue  # a decode: planned already (or above)
             planned = self._planned_tokens(plan, seq)  # a chunk from the min_share pass grows
-            n = min(seq.num_pending_tokens - planned, room())
+            n = min(seq.num_pending_tokens - planned, room(seq.num_computed_tokens, planned))
             if n <= 0:
                 if room() <= 0:
                     return
@@ -424,15 +594,16 @@ class ClassScheduler(StepScheduler):
                     self._take_tokens(plan, seq, n, for_share)
                     taken += n
         cap = state.policy.max_running
-        while (n_room := room()) > 0 and (cap is None or state.num_running < cap):
+        while room() > 0 and (cap is None or state.num_running < cap):
             item = state.queue.peek_for_admission(now, state.vtc.pick)
             if item is None:
                 return
             seq: Sequence = item.payload
             cached = self.block_manager.lookup(seq)  # a prefix whose KV is cached is not computed again
-            n = min(seq.num_pending_tokens - cached, n_room)
-            if seq.seq_id in plan.preempted or state.rank >= self._blocked_rank:
-                return  # preempted this step: not back in it; or what it needs, a waiting sequence needs
+            n = min(seq.num_pending_tokens - cached, room(cached))
+            if n <= 0 or seq.seq_id in plan.preempted or state.rank >= self._blocked_rank:
+                return  # no room within the margins; preempted this step: not back in it; or what it
+                # needs, a waiting sequence needs
             if not self._make_room(seq, cached + n, state, plan):
                 return
             self._admit_one(state, item, seq, n, now, plan, for_share)
@@ -471,6 +642,7 @@ class ClassScheduler(StepScheduler):
         planned = self._planned_tokens(plan, seq)
         plan.chunks[:] = [c for c in plan.chunks if c.seq_id != seq.seq_id]
         plan.chunks.append(_chunk(seq, planned + n))
+        self.guard.add(self._rank(seq), n, 0 if planned else 1, n if planned else seq.num_computed_tokens + n)
         if for_share:
             self.shares.took(seq.class_name, n)
 
@@ -502,6 +674,8 @@ class ClassScheduler(StepScheduler):
         for chunk in [c for c in plan.chunks if c.seq_id == seq.seq_id]:  # planned earlier this step
             plan.chunks.remove(chunk)
             self.shares.took(seq.class_name, -chunk.num_tokens)
+            self.guard.add(state.rank, -chunk.num_tokens, -1, -(chunk.start + chunk.num_tokens))
+        self._deferred.discard(seq.seq_id)
         item = seq.queue_item
         assert isinstance(item, QueuedItem)
         item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
@@ -551,9 +725,10 @@ class ClassScheduler(StepScheduler):
         with self.lock:
             now = self.clock.now()
             if self._in_flight is not None:
-                start_s, num_tokens = self._in_flight
-                self.step_cost.observe(num_tokens, now - start_s)
+                start_s, num_tokens, rows, ctx = self._in_flight
+                self.step_cost.observe(num_tokens, now - start_s, rows, ctx)
                 self._in_flight = None
+            self._last_step_end_s = now
             touched = []
             for chunk in plan.chunks:
                 seq = self.seqs.get(chunk.seq_id)

@@ -46,8 +46,14 @@ class StepScheduler(ABC):
         return self.has_work()
 
     def has_waiting_interactive(self) -> bool:
-        """Interactive requests wait in a queue (background embedding work must not slow the LLM)."""
+        """Interactive requests wait in a queue, or interactive tokens that are due wait for the next step
+        (background embedding work must not slow the LLM)."""
         return False
+
+    def admission_hold_s(self, now: float) -> float:
+        """How long the waiting interactive work (``has_waiting_interactive``) may still wait behind
+        background work; 0: it goes next."""
+        return 0.0
 
     def interactive_active(self, now: float) -> bool:
         """Interactive work runs, or arrived recently enough that more is likely."""
@@ -55,6 +61,16 @@ class StepScheduler(ABC):
 
     def running_itl_targets_s(self) -> list[float]:
         """The inter-token-latency targets of the interactive classes with running sequences."""
+        return []
+
+    def next_step_s(self) -> float | None:
+        """The predicted length of the next LLM step while interactive classes decode (their latency
+        margins bound what lower-class work adds to it); None: no prediction, assume a full step budget."""
+        return None
+
+    def margin_intervals_s(self) -> list[float]:
+        """For each running interactive class with a latency margin: the longest the time between two of
+        its tokens may be, lower-class work between its steps included ((1 + margin) x its own step)."""
         return []
 
     def drain_rejected(self) -> list[Sequence]:

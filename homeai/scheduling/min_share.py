@@ -8,7 +8,8 @@ sequence slots (min_share of them, its oldest running sequences, while they hold
 the KV pool): a more important admission cannot take those slots, and can take everything else a
 background class holds, KV blocks included, so a background job admitted at a cold start never locks
 voice out. While the house is active, a background class's prompt chunks stay at min_share of the
-step's budget (at least BACKGROUND_CHUNK_TOKENS).
+step's budget (at least BACKGROUND_CHUNK_TOKENS) unless every interactive class sets a latency margin:
+then the margins and the arrival bound size them (``step_guard``).
 
 ``ShareGuard`` holds that state for the class scheduler, which hands it what it needs call by call.
 """
