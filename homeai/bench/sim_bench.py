@@ -1,5 +1,6 @@
 """`homeai bench sim`: the household mix on virtual time under FIFO, single-queue priority and ours;
-``--trace all`` (or one trace's name): issue 9's acceptance figures over every trace (``sim.acceptance``)."""
+``--trace all`` (or one trace's name): issue 9's acceptance figures over every trace (``sim.acceptance``);
+``--sweep-margin`` (and ``--sweep-arrival``): the latency margin's frontier on one trace (``sim.sweep``)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,31 @@ from pathlib import Path
 from typing import Any
 
 from homeai.policy.loader import load_policy
-from homeai.sim.acceptance import ACCEPTANCE_TRACES, acceptance
+from homeai.sim.acceptance import ACCEPTANCE_TRACES, TRACE_KV_BLOCKS, acceptance
 from homeai.sim.cost_model import PROFILES, resolve_profile
-from homeai.sim.household import compare
+from homeai.sim.household import NTH_TOKEN, compare
+from homeai.sim.sweep import sweep
+from homeai.sim.trace import TRACE_SETTINGS, TRACES, TraceSettings
 
 DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default="household", choices=["household", "all", *ACCEPTANCE_TRACES[1:]],
+    p.add_argument("--trace", default="household", choices=["household", "all", *sorted(set(TRACES) - {"household"})],
                    help="household: ours vs FIFO and priority; all or a trace name: the acceptance figures "
                         "(voice TTFT p99 vs the same trace without background, ITL vs target, lost requests, "
                         "background service vs its min_share, preemptions, futile ones, wasted tokens), each "
-                        "trace with a 4,096-block KV pool and with the server's default 364")
+                        "trace with a 4,096-block KV pool and with the server's default 364 (household-real: "
+                        "the server's household, at 364 blocks only)")
     p.add_argument("--policy", type=Path, default=DEFAULT_POLICY)
-    p.add_argument("--profile", default="gpu-8b",
-                   help=f"cost model: {', '.join(sorted(PROFILES))} or a JSON file from `homeai bench calibrate`")
+    p.add_argument("--profile", default=None,
+                   help=f"cost model: {', '.join(sorted(PROFILES))} or a JSON file from `homeai bench calibrate` "
+                        "(default gpu-8b; household-real: cpu-135m)")
+    p.add_argument("--sweep-margin", help="comma-separated latency margins (e.g. 0,0.1,0.2,0.4; 'none': no "
+                   "margin) set on every interactive LLM class: voice's TTFT p99 ratio, ITL p99, time to its "
+                   f"{NTH_TOKEN}th token p99 and background tok/s for each, on --trace (one trace)")
+    p.add_argument("--sweep-arrival", help="with --sweep-margin: comma-separated arrival_step_fraction values "
+                   "(a background-only step's length as a fraction of the TTFT target) to cross with the margins")
     p.add_argument("--horizon", type=float, default=120.0, help="virtual seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
@@ -70,16 +80,57 @@ def print_acceptance(report: dict[str, Any]) -> None:
           f"(futile {report['futile_preemptions']}), wasted tokens {report['wasted_tokens']}")
 
 
+def _floats(text: str) -> list[float | None]:
+    return [None if v.strip().lower() == "none" else float(v) for v in text.split(",") if v.strip()]
+
+
+def print_sweep(report: dict[str, Any]) -> None:
+    print(f"latency margin sweep: {report['trace']}, {report['horizon_s']:.0f} s per run, device: {report['profile']}, "
+          f"KV {report['kv_blocks']} blocks; background alone {report['background_alone_tok_s']:.0f} tok/s")
+    nth = f"voice_token{NTH_TOKEN}_p99_ms"
+    print(f"{'margin':>6} {'arrival':>7} {'voice ttft p99':>15} {'ratio':>6} {'voice itl p99':>14} "
+          f"{'token ' + str(NTH_TOKEN) + ' p99':>15} {'chat ttft':>9} {'chat itl':>8} {'bg tok/s':>9} {'bg ratio':>8} "
+          f"{'lost':>4} {'futile':>6}")
+    for r in report["rows"]:
+        ttft = f"{_ms(r['voice_ttft_p99_ms'])}/{_ms(r['voice_ttft_p99_quiet_ms'])}"
+        itl = f"{_ms(r['voice_itl_p99_ms'])}/{_ms(r['voice_itl_p99_quiet_ms'])}"
+        token = f"{_ms(r[nth])}/{_ms(r[nth.replace('_ms', '_quiet_ms')])}"
+        print(f"{_num(r['latency_margin']):>6} {_num(r['arrival_step_fraction']):>7} {ttft:>15} "
+              f"{_num(r['voice_ttft_p99_ratio']):>6} {itl:>14} {token:>15} {_ms(r['chat_ttft_p99_ms']):>9} "
+              f"{_ms(r['chat_itl_p99_ms']):>8} {r['background_tok_s']:>9.0f} "
+              f"{_num(r['background_throughput_ratio']):>8} {r['lost_requests']:>4} {r['futile_preemptions']:>6}")
+    print("(mix/quiet house in ms; ratio: voice TTFT p99 with background / without)")
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def run_sim(args: argparse.Namespace) -> int:
+    settings = TRACE_SETTINGS.get(args.trace, TraceSettings())
+    profile = resolve_profile(args.profile or settings.profile or "gpu-8b")
+    if args.sweep_margin is not None:
+        if args.trace == "all":
+            raise SystemExit("--sweep-margin runs one trace: name it with --trace")
+        report = sweep(load_policy(args.policy), profile, args.trace, _floats(args.sweep_margin),
+                       _floats(args.sweep_arrival) if args.sweep_arrival else None, args.horizon, args.seed,
+                       settings.kv_blocks or TRACE_KV_BLOCKS)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_sweep(report)
+        return 0
     if args.trace != "household":
         traces = ACCEPTANCE_TRACES if args.trace == "all" else (args.trace,)
-        result = acceptance(load_policy(args.policy), resolve_profile(args.profile), traces, args.horizon, args.seed)
+        blocks = (settings.kv_blocks,) if settings.kv_blocks else None
+        result = acceptance(load_policy(args.policy), profile, traces, args.horizon, args.seed,
+                            **({"kv_blocks": blocks} if blocks else {}))
         if args.json:
             print(json.dumps(result, indent=2))
         else:
             print_acceptance(result)
         return 0
-    report = compare(args.policy, resolve_profile(args.profile), args.horizon, args.seed)
+    report = compare(args.policy, profile, args.horizon, args.seed)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -20,6 +20,10 @@ Every trace runs with the 4,096-block KV pool the traces were written for, and a
 blocks of 16 tokens), where KV pressure, not the step budget, decides who runs. A request that could
 never fit the pool (a 6,000-token chat prompt in 364 x 16 tokens) is refused, as the engine refuses it.
 
+``household-real`` (``--trace household-real``) is the server's household as ``homeai bench serve`` sends
+it (12 summaries of 1,500 tokens in flight, outputs forced) and runs only at the server's pool, with the
+cpu-135m profile unless another is named; each trace also reports voice's time to its NTH_TOKEN-th token.
+
 The top level keeps the worst of each over the traces, and sums the counts.
 """
 
@@ -32,7 +36,7 @@ from homeai.policy.schema import Policy
 from homeai.sim.cost_model import CostModel
 from homeai.sim.household import class_figures, ours_mapping
 from homeai.sim.simulator import SimResult, Simulator
-from homeai.sim.trace import TRACES, TraceRequest
+from homeai.sim.trace import TRACE_SETTINGS, TRACES, TraceRequest, TraceSettings
 
 ACCEPTANCE_TRACES = ("household", "cold-background", "index-start", "long-chat-prompts",
                      "search-during-background-window")
@@ -40,8 +44,10 @@ TRACE_KV_BLOCKS = 4096  # the pool the traces were written for
 SERVER_KV_BLOCKS = 364  # the server's default pool: kv_cache_mb 256 of SmolLM2-135M float32 KV, 16-token blocks
 
 
-def _run(policy: Policy, cost: CostModel, trace: list[TraceRequest], horizon_s: float, kv_blocks: int) -> SimResult:
-    return Simulator(copy.deepcopy(policy), cost, ours_mapping, kv_blocks).run(trace, horizon_s)
+def _run(policy: Policy, cost: CostModel, trace: list[TraceRequest], horizon_s: float, kv_blocks: int,
+         background_in_flight: int = TraceSettings().background_in_flight) -> SimResult:
+    return Simulator(copy.deepcopy(policy), cost, ours_mapping, kv_blocks,
+                     background_concurrency=background_in_flight).run(trace, horizon_s)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -77,8 +83,9 @@ def background_figures(policy: Policy, cost: CostModel, res: SimResult) -> dict[
 def trace_figures(policy: Policy, cost: CostModel, name: str, horizon_s: float, seed: int,
                   kv_blocks: int = TRACE_KV_BLOCKS) -> dict[str, Any]:
     make = TRACES[name]
-    mix = _run(policy, cost, make(horizon_s, seed, True), horizon_s, kv_blocks)
-    idle = _run(policy, cost, make(horizon_s, seed, False), horizon_s, kv_blocks)
+    in_flight = TRACE_SETTINGS.get(name, TraceSettings()).background_in_flight
+    mix = _run(policy, cost, make(horizon_s, seed, True), horizon_s, kv_blocks, in_flight)
+    idle = _run(policy, cost, make(horizon_s, seed, False), horizon_s, kv_blocks, in_flight)
     figs, idle_figs = class_figures(mix), class_figures(idle)
     voice, voice_idle = figs.get("voice", {}), idle_figs.get("voice", {})
     itl_ms = policy.classes["voice"].targets.itl_ms if "voice" in policy.classes else None
@@ -88,6 +95,8 @@ def trace_figures(policy: Policy, cost: CostModel, name: str, horizon_s: float, 
         "voice_ttft_p99_idle_s": voice_idle.get("ttft_p99_s"),
         "voice_ttft_p99_ratio": _ratio(voice.get("ttft_p99_s"), voice_idle.get("ttft_p99_s")),
         "voice_itl_p99_s": itl_p99,
+        "voice_nth_token_p99_s": voice.get("nth_token_p99_s"),
+        "voice_nth_token_p99_idle_s": voice_idle.get("nth_token_p99_s"),
         "voice_itl_p99_over_target": _ratio(itl_p99, itl_ms / 1000 if itl_ms else None),
         "lost_requests": len(mix.lost) + len(idle.lost),
         "background": background_figures(policy, cost, mix),

@@ -16,6 +16,7 @@ from homeai.sim.simulator import Mapping, SimResult, Simulator
 from homeai.sim.trace import TraceRequest, household
 
 LLM_LEVEL = {"voice": 1, "chat": 2, "summarize": 3}
+NTH_TOKEN = 12  # a voice reply's first words: what a speech synthesizer needs to start talking (serve_bench)
 EMBED_LEVEL = {"embedding": 1, "indexing": 2}
 
 
@@ -55,11 +56,13 @@ def class_figures(res: SimResult) -> dict[str, dict[str, Any]]:
     for cls in sorted({r.req.class_name for r in res.records}):
         recs = [r for r in res.records if r.req.class_name == cls]
         ttft = [r.first_s - r.req.arrival_s for r in recs if r.first_s is not None]
+        nth = [r.token_times[NTH_TOKEN - 1] - r.req.arrival_s for r in recs if len(r.token_times) >= NTH_TOKEN]
         itl = [b - a for r in recs for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
         out[cls] = {
             "requests": len(recs), "completed": sum(r.done_s is not None for r in recs),
             "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
             "itl_p50_s": _pct(itl, 50), "itl_p99_s": _pct(itl, 99),
+            "nth_token_p99_s": _pct(nth, 99),  # the NTH_TOKEN-th token, from arrival
             "tokens_per_s": res.useful_tokens(cls) / res.horizon_s,  # computed and kept
             "wasted_tokens": res.wasted_tokens.get(cls, 0),
             "rejections": sum(r.rejected is not None for r in recs),

@@ -132,9 +132,48 @@ def search_during_background_window(horizon_s: float = 120.0, seed: int = 0,
     return sorted(reqs, key=lambda r: r.arrival_s)
 
 
+def _every(period_s: float, start_s: float, horizon_s: float) -> list[float]:
+    return [start_s + period_s * k for k in range(int((horizon_s - start_s) / period_s) + 1)
+            if start_s + period_s * k < horizon_s]
+
+
+REAL_SUMMARIES_IN_FLIGHT = 12  # `homeai bench serve`'s household: summary clients, each sending the next
+
+
+def household_real(horizon_s: float = 120.0, seed: int = 0, background: bool = True) -> list[TraceRequest]:
+    """The household as `homeai bench serve` sends it to the real server (``serve_bench``): voice every
+    2 s from 0.5 s (40-token prompt, 32 tokens), chat every 5 s from 1 s (100-token prompt, 128 tokens),
+    and with ``background`` 12 summaries of 1,500-token documents (256 tokens) kept in flight (the
+    simulator's closed loop keeps ``REAL_SUMMARIES_IN_FLIGHT`` outstanding); every output runs to its
+    max_tokens. No searches and no indexing. Deterministic: ``seed`` is unused. Meant for the server's
+    default KV pool (364 blocks) and the cpu-135m profile (``TRACE_SETTINGS``)."""
+    del seed
+    reqs = [TraceRequest(t, "voice", "llm", "kitchen", 40, 32) for t in _every(2.0, 0.5, horizon_s)]
+    reqs += [TraceRequest(t, "chat", "llm", "phone", 100, 128) for t in _every(5.0, 1.0, horizon_s)]
+    if background:  # enough for the closed loop never to run dry within the horizon
+        reqs += [TraceRequest(0.0, "summarize", "llm", "indexer", 1500, 256)
+                 for _ in range(REAL_SUMMARIES_IN_FLIGHT + int(horizon_s))]
+    return sorted(reqs, key=lambda r: r.arrival_s)
+
+
+@dataclass(slots=True, frozen=True)
+class TraceSettings:
+    """How a trace is run when it names its own setting: the KV pool, the background requests kept in
+    flight (the simulator's closed loop), and the cost profile it speaks for (None: the caller's)."""
+
+    kv_blocks: int | None = None
+    background_in_flight: int = 16
+    profile: str | None = None
+
+
 def _household(horizon_s: float = 120.0, seed: int = 0, background: bool = True) -> list[TraceRequest]:
     return household(horizon_s, seed, background)
 
 
 TRACES = {"household": _household, "cold-background": cold_background, "index-start": index_start,
-          "long-chat-prompts": long_chat_prompts, "search-during-background-window": search_during_background_window}
+          "long-chat-prompts": long_chat_prompts, "search-during-background-window": search_during_background_window,
+          "household-real": household_real}
+# household-real is the server's household at its defaults: 364 KV blocks (kv_cache_mb 256, SmolLM2-135M
+# in float32), 12 summaries in flight, SmolLM2-135M's costs on a 2-core CPU.
+TRACE_SETTINGS = {"household-real": TraceSettings(kv_blocks=364, background_in_flight=REAL_SUMMARIES_IN_FLIGHT,
+                                                  profile="cpu-135m")}
