@@ -60,6 +60,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     device = choose_device(None)
     header = ("NAME", "KIND", "CONTEXT", "DTYPE", "WEIGHTS", "PRESENT", "PATH")
     rows = [header]
+    reasons: list[str] = []
     for entry in entries.values():
         context = f"{entry.served_len}/{entry.context_length}"
         present = entry.is_present(cache_dir)
@@ -67,7 +68,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         if entry.kind == "llm":  # what a server started now would serve, and why (see weights_format)
             fmt = choose_weights_format(entry.quantization, entry.local_path(cache_dir), device) if present \
                 else None
-            weights = f"{fmt.quantization} ({fmt.reason})" if fmt is not None else entry.quantization
+            weights = fmt.quantization if fmt is not None else entry.quantization
+            if fmt is not None:
+                reasons.append(f"{entry.name}: weights {fmt.quantization} on {device.type} ({fmt.reason})")
         rows.append((entry.name, entry.kind, context, entry.dtype, weights, "yes" if present else "no",
                      str(entry.local_path(cache_dir))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
@@ -77,6 +80,8 @@ def cmd_models(args: argparse.Namespace) -> int:
             + "  "
             + row[-1]
         )
+    for line in reasons:
+        print(line)
     return 0
 
 

@@ -115,7 +115,8 @@ def test_cli_models_and_pull(
     monkeypatch.setenv("HOMEAI_CACHE_DIR", str(homeai_cache_dir))
     assert cli_main(["models"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
-    assert rows[LLM][1:5] == ["llm", "2048/8192", "auto", "yes"]
+    assert rows[LLM][1:6] == ["llm", "2048/8192", "auto", "int4", "yes"]  # a Q4_1 GGUF on the CPU: int4
+    assert rows[EMBEDDING][4] == "-"
     assert cli_main(["pull", EMBEDDING]) == 0
     assert "ready at" in capsys.readouterr().out
     assert cli_main(["pull", "no-such-model"]) == 1
