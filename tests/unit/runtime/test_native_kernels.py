@@ -13,7 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from homeai.runtime import kernels
-from homeai.runtime.quant import NATIVE_MAX_ROWS, Int8Linear, Linear, PackedLinear, make_linear, quantize_int8
+from homeai.runtime.quant import (
+    INT4_NATIVE_MAX_ROWS,
+    NATIVE_MAX_ROWS,
+    Int8Linear,
+    Linear,
+    PackedLinear,
+    make_linear,
+    quantize_int8,
+)
 
 CPU = torch.device("cpu")
 needs_avx512 = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
@@ -214,5 +222,5 @@ def test_int4_layer_matches_its_dequantized_weights(rows: int) -> None:
     got = layer(x).double()
     # int8 activations in groups of 32 (as llama.cpp's Q8): 1/254 of each group's range; bfloat16 weights:
     # 2^-9 of each weight; float32 activations: rounding only
-    rel = 2e-2 if rows <= 4 or rows > 32 else 1e-5
+    rel = 2e-2 if rows <= 4 or rows > INT4_NATIVE_MAX_ROWS else 1e-5
     assert (got - want).abs().max() <= rel * want.abs().max(), rows
