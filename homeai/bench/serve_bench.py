@@ -465,7 +465,7 @@ PHASE_RUNNERS: dict[str, Phase] = {"single": single_phase, "idle": idle_phase, "
 def launched_server(log: Log) -> Iterator[tuple[str, int]]:
     """`homeai serve` with its defaults on a free loopback port and a temporary data directory;
     yields (url, pid) once /readyz says ready; SIGTERM on the way out (SIGKILL if it hangs)."""
-    from homeai.bench.soak_server import STOP_TIMEOUT_S, _free_port, _wait_ready
+    from homeai.bench.soak_server import _free_port, _wait_ready, stop_server
 
     with tempfile.TemporaryDirectory(prefix="homeai-bench-serve-") as tmp:
         port = _free_port()
@@ -481,12 +481,7 @@ def launched_server(log: Log) -> Iterator[tuple[str, int]]:
             _wait_ready(proc, url, log_path)
             yield url, proc.pid
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
 
 
 async def get_json(client: httpx.AsyncClient, path: str) -> Any:

@@ -80,10 +80,15 @@ def soak_server(work_dir: Path) -> Iterator[SoakServer]:
         _wait_ready(proc, url, log_path)
         yield SoakServer(url, proc.pid, database_url, policy_path)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server drains), then SIGKILL if it is still there after ``STOP_TIMEOUT_S``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from llama_helpers import random_llama_weights
 
 from homeai.core.block_manager import BlockManager
 from homeai.engine.device_loop import run_alone
@@ -37,26 +38,7 @@ def tiny_config() -> LlamaConfig:
 
 
 def tiny_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.2
-
-    d, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    w = {"model.embed_tokens.weight": rand(cfg.vocab_size, cfg.hidden_size),
-         "model.norm.weight": torch.ones(cfg.hidden_size)}
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        w |= {p + "input_layernorm.weight": torch.ones(cfg.hidden_size),
-              p + "post_attention_layernorm.weight": torch.ones(cfg.hidden_size),
-              p + "self_attn.q_proj.weight": rand(d, cfg.hidden_size),
-              p + "self_attn.k_proj.weight": rand(kv, cfg.hidden_size),
-              p + "self_attn.v_proj.weight": rand(kv, cfg.hidden_size),
-              p + "self_attn.o_proj.weight": rand(cfg.hidden_size, d),
-              p + "mlp.gate_proj.weight": rand(cfg.intermediate_size, cfg.hidden_size),
-              p + "mlp.up_proj.weight": rand(cfg.intermediate_size, cfg.hidden_size),
-              p + "mlp.down_proj.weight": rand(cfg.hidden_size, cfg.intermediate_size)}
-    return w
+    return random_llama_weights(cfg, seed)
 
 
 EngineFactory = Callable[..., LLMEngine]

@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from llama_helpers import random_llama_weights
 
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
@@ -44,26 +45,7 @@ def small_config() -> LlamaConfig:
 
 
 def small_weights(cfg: LlamaConfig) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.08
-
-    d, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    w = {"model.embed_tokens.weight": rand(cfg.vocab_size, cfg.hidden_size) * 10,
-         "model.norm.weight": torch.ones(cfg.hidden_size)}
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        w |= {p + "input_layernorm.weight": torch.ones(cfg.hidden_size),
-              p + "post_attention_layernorm.weight": torch.ones(cfg.hidden_size),
-              p + "self_attn.q_proj.weight": rand(d, cfg.hidden_size),
-              p + "self_attn.k_proj.weight": rand(kv, cfg.hidden_size),
-              p + "self_attn.v_proj.weight": rand(kv, cfg.hidden_size),
-              p + "self_attn.o_proj.weight": rand(cfg.hidden_size, d),
-              p + "mlp.gate_proj.weight": rand(cfg.intermediate_size, cfg.hidden_size),
-              p + "mlp.up_proj.weight": rand(cfg.intermediate_size, cfg.hidden_size),
-              p + "mlp.down_proj.weight": rand(cfg.hidden_size, cfg.intermediate_size)}
-    return w
+    return random_llama_weights(cfg, seed=7, scale=0.08, embed_scale=10)
 
 
 @dataclass
