@@ -41,10 +41,6 @@ class Caller:
     is_admin: bool
     scopes: frozenset[str] = frozenset()
 
-    @property
-    def is_anonymous(self) -> bool:
-        return self.user == ANONYMOUS
-
     def may_read_metrics(self) -> bool:
         return self.is_admin or METRICS_SCOPE in self.scopes
 

@@ -100,11 +100,6 @@ class Settings:
     origins: tuple[str, ...] = field(default_factory=lambda: list_from_env(ORIGINS_ENV))
 
     @property
-    def database_path(self) -> Path:
-        """The SQLite file of the store (users, keys, request log, policy versions)."""
-        return self.data_dir / "homeai.db"
-
-    @property
     def requires_keys(self) -> bool:
         """API keys are required whenever the server is reachable from other machines."""
         return not is_loopback(self.host)

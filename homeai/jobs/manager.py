@@ -169,9 +169,6 @@ class JobManager:
         when = getattr(aps_job, "next_run_time", None)
         return when.isoformat() if when is not None else None
 
-    def is_running(self, job_id: int) -> bool:
-        return job_id in self._tasks
-
     # ---- runs ------------------------------------------------------------------------------------
     def launch(self, job_id: int) -> bool:
         """Start a run now unless one is in progress."""

@@ -630,10 +630,6 @@ class ClassScheduler(StepScheduler):
         self._take_tokens(plan, seq, n, for_share)
 
     @staticmethod
-    def _planned(plan: StepPlan) -> set[int]:
-        return {c.seq_id for c in plan.chunks}
-
-    @staticmethod
     def _planned_tokens(plan: StepPlan, seq: Sequence) -> int:
         return sum(c.num_tokens for c in plan.chunks if c.seq_id == seq.seq_id)
 

@@ -123,10 +123,6 @@ class Collections:
                 await session.execute(insert(CollectionReaderRow), [
                     {"collection_id": collection_id, "user": user} for user in unique])
 
-    async def set_owner(self, collection_id: int, owner: str | None) -> None:
-        async with self._sessions.begin() as session:
-            await session.execute(update(CollectionRow).where(CollectionRow.id == collection_id).values(owner=owner))
-
     async def version(self, collection_id: int) -> int:
         async with self._sessions() as session:
             return int(await session.scalar(select(CollectionRow.version).where(CollectionRow.id == collection_id))

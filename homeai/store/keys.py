@@ -50,10 +50,6 @@ class KeyInfo:
     revoked_at: datetime | None
     scopes: tuple[str, ...] = ()  # e.g. ("metrics",): what a non-admin key may do beyond serving
 
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
-
     @classmethod
     def from_row(cls, row: ApiKeyRow) -> KeyInfo:
         return cls(row.id, row.name, row.prefix, row.user, row.default_class, row.is_admin,

@@ -37,12 +37,6 @@ def upgrade_head(connection: Connection) -> None:
     command.upgrade(alembic_config(connection), "head")
 
 
-def current_revision(connection: Connection) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    return MigrationContext.configure(connection).get_current_revision()
-
-
 def head_revision() -> str | None:
     from alembic.script import ScriptDirectory
 
