@@ -12,9 +12,19 @@ from typing import Any, Protocol
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import SamplingParams, StepOutput, StepPlan
+from homeai.scheduling.class_queue import ClassQueue, PickUser, QueuedItem
 from homeai.scheduling.interface import StepScheduler
 
 FAKE_TOKEN = 7  # what the fake runner samples; never an EOS in these tests
+
+
+def admit(q: ClassQueue, now: float, pick_user: PickUser | None = None) -> QueuedItem | None:
+    """What the step planner does: apply timeouts, then take the request ``peek_for_admission`` offers."""
+    q.expire(now)
+    item = q.peek_for_admission(now, pick_user)
+    if item is not None:
+        q.take(item, now)
+    return item
 
 
 class Runner(Protocol):

@@ -1,8 +1,8 @@
 """Hot reload of the policy file: poll its mtime and size, apply a changed file, refuse a bad one.
 
 Polling (every second by default) needs no dependency and works on every filesystem, bind mounts
-included. A changed file is read once and goes through ``apply_policy_text`` (what
-``PolicyHolder.reload_from`` does, plus the exact text for GET /admin/policy and a stored version):
+included. A changed file is read once and goes through ``apply_policy_text`` (validated, swapped in,
+its exact text kept for GET /admin/policy and stored as a version):
 an invalid file is refused and logged with its key paths, and the running policy stays. Editors
 that write in two steps may show a half-written file: it is refused, and the next write applies.
 """

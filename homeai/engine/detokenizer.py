@@ -8,10 +8,7 @@ up to the newest one, and emit the difference. Cost per token is O(window), not 
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Protocol
-
-from homeai.core.types import SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"  # what decode shows for bytes that are not (yet) a whole UTF-8 character
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens kept as context, so the first output token decodes in place
@@ -21,14 +18,6 @@ COMPACT_AFTER_TOKENS = 64  # drop ids before the window once this many pile up
 
 class Tokenizer(Protocol):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
-
-
-def check_stop_token(token_id: int, params: SamplingParams, eos_token_ids: Collection[int]) -> bool:
-    """True when ``token_id`` ends the sequence: one of its stop_token_ids, or EOS unless ignore_eos.
-
-    The engine should not push such a token to the detokenizer: its text is never shown.
-    """
-    return token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids)
 
 
 class IncrementalDetokenizer:

@@ -8,7 +8,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from homeai.jobs.parsing import is_supported
@@ -29,13 +29,6 @@ class FoundFile:
         if self.real_root is not None and not stays_inside(self.path, self.real_root):
             raise PermissionError(f"{self.path} links outside the job's folder")
         return self.path.read_bytes()
-
-
-@dataclass(slots=True)
-class FolderDiff:
-    unchanged: list[str] = field(default_factory=list)  # paths whose content hash is already committed
-    pending: list[tuple[FoundFile, str, bytes]] = field(default_factory=list)  # new or changed: file, sha, data
-    deleted: list[str] = field(default_factory=list)  # committed paths under the folder that are gone
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -90,15 +83,3 @@ def diff_file(file: FoundFile, stored: Mapping[str, StoredDocument], data: bytes
     known = stored.get(str(file.path))
     return None if known is not None and known.sha256 == sha else sha
 
-
-def diff_folder(root: Path, files: list[FoundFile], stored: Mapping[str, StoredDocument]) -> FolderDiff:
-    """Read every file once (tests and small folders; the indexer reads them one at a time instead)."""
-    result = FolderDiff(deleted=deleted_paths(stored, root, {str(f.path) for f in files}))
-    for file in files:
-        data = file.path.read_bytes()
-        sha = diff_file(file, stored, data)
-        if sha is None:
-            result.unchanged.append(str(file.path))
-        else:
-            result.pending.append((file, sha, data))
-    return result

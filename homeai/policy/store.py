@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
-from homeai.policy.loader import PolicyError, load_policy
 from homeai.policy.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -79,15 +77,3 @@ class PolicyHolder:
 
         return unsubscribe
 
-    def reload_from(self, path: str | Path) -> tuple[bool, list[tuple[str, str]]]:
-        """Load ``path`` and swap it in; an invalid file is refused and the running policy stays.
-
-        Returns (ok, errors) where errors are PolicyError's (key_path, message) pairs.
-        """
-        try:
-            policy = load_policy(path)
-        except PolicyError as e:
-            log.warning("policy reload refused, keeping version %d:\n%s", self._version, e)
-            return False, list(e.errors)
-        self.swap(policy, source=str(path))
-        return True, []

@@ -6,7 +6,7 @@ action: REJECT (the request is handed back for the caller to fail) or DELAY (it 
 unexpired request of its level, and stays). Two ways out:
 
 - ``form_batch`` for embedding classes: Triton's dynamic batcher (preferred sizes, delay window);
-- ``peek/pop_for_admission`` for LLM classes: one request at a time for the step planner, from the
+- ``peek_for_admission`` and ``take`` for LLM classes: one request at a time for the step planner, from the
   user a fairness callback picks among the users of the highest non-empty level, behind the class
   delay window.
 
@@ -320,14 +320,6 @@ class ClassQueue:
             if item is not None:
                 return item
         return None
-
-    def pop_for_admission(self, now: float, pick_user: PickUser | None = None) -> QueuedItem | None:
-        """Apply timeouts, then ``peek_for_admission`` and ``take`` in one call."""
-        self._expire(now)
-        item = self.peek_for_admission(now, pick_user)
-        if item is not None:
-            self.take(item, now)
-        return item
 
     def _window_open(self, now: float) -> bool:
         """Hold new prefills until max_batch_size are queued or the oldest has waited the delay; once

@@ -108,7 +108,3 @@ class VirtualTokenCounter:
     def snapshot(self) -> dict[str, float]:
         """Counters by user, for stats and the TUI."""
         return dict(self._counters)
-
-    def forget(self, user: str) -> None:
-        """Drop an idle user's counter (it will be lifted again when it comes back)."""
-        self._counters.pop(user, None)

@@ -76,6 +76,3 @@ class ShareLedger:
         bucket = self._buckets.get(name)
         if bucket is not None:
             bucket.charge(amount, forced)
-
-    def forget(self, name: str) -> None:
-        self._buckets.pop(name, None)

@@ -10,8 +10,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from homeai.core.types import SamplingParams
-from homeai.engine.detokenizer import IncrementalDetokenizer, check_stop_token
+from homeai.engine.detokenizer import IncrementalDetokenizer
 
 CORPUS = [
     "Hello world, this is a tiny corpus for a tiny tokenizer.",
@@ -170,14 +169,6 @@ def test_long_generation_keeps_a_short_window() -> None:
     streamed = "".join(detok.push(i) for i in ids) + detok.flush()
     assert streamed == tokenizer.decode(ids)
     assert len(detok._ids) < 100
-
-
-def test_check_stop_token() -> None:
-    params = SamplingParams(stop_token_ids=[7])
-    assert check_stop_token(7, params, eos_token_ids={2})
-    assert check_stop_token(2, params, eos_token_ids={2})
-    assert not check_stop_token(3, params, eos_token_ids={2})
-    assert not check_stop_token(2, SamplingParams(ignore_eos=True), eos_token_ids={2})
 
 
 def in_context(tokenizer, prompt: list[int], output: list[int]) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from homeai.jobs.scanning import deleted_paths, diff_folder, is_under, scan_folder, sha256_bytes
+from homeai.jobs.scanning import deleted_paths, diff_file, is_under, scan_folder, sha256_bytes
 from homeai.store.collections import StoredDocument
 
 
@@ -42,11 +42,9 @@ def test_new_changed_unchanged_and_deleted(tmp_path: Path) -> None:
         str(tmp_path / "gone.txt"): StoredDocument(3, "x", 1),  # deleted
         str(tmp_path) + "-other/e.txt": StoredDocument(4, "x", 1),  # another folder's: left alone
     }
-    diff = diff_folder(tmp_path, files, stored)
-    assert diff.unchanged == [a]
-    assert [(str(f.path), sha) for f, sha, _ in diff.pending] == [
-        (b, sha256_bytes(b"beta")), (c, sha256_bytes(b"<p>gamma</p>"))]
-    assert diff.deleted == [str(tmp_path / "gone.txt")]
+    assert [diff_file(f, stored, f.read()) for f in files] == [
+        None, sha256_bytes(b"beta"), sha256_bytes(b"<p>gamma</p>")]
+    assert deleted_paths(stored, tmp_path, {a, b, c}) == [str(tmp_path / "gone.txt")]
 
 
 def test_is_under_needs_a_separator() -> None:

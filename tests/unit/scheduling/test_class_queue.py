@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from engine_helpers import admit
 
 from homeai.policy.schema import ClassPolicy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem, QueueFullError, effective_timeout_us
@@ -175,7 +176,7 @@ def test_cancelled_requests_never_come_out() -> None:
     for i in range(3):
         push(llm, clock, f"x{i}")
     llm.cancel("x0")
-    assert llm.pop_for_admission(clock.now()).request_id == "x1"  # type: ignore[union-attr]
+    assert admit(llm, clock.now()).request_id == "x1"  # type: ignore[union-attr]
     push(q, clock, "late")
     q.cancel("late")
     clock.set(5.0)
@@ -187,17 +188,17 @@ def test_llm_delay_window_holds_prefills_so_they_share_a_step() -> None:
     push(q, clock, "a")
     clock.advance(1000 * US)
     push(q, clock, "b")
-    assert q.pop_for_admission(clock.now()) is None
+    assert admit(q, clock.now()) is None
     assert q.next_ready_at(clock.now()) == pytest.approx(5000 * US)
     clock.set(5000 * US)
-    assert q.pop_for_admission(clock.now()).request_id == "a"  # type: ignore[union-attr]
-    assert q.pop_for_admission(clock.now()).request_id == "b"  # type: ignore[union-attr]  # same window
+    assert admit(q, clock.now()).request_id == "a"  # type: ignore[union-attr]
+    assert admit(q, clock.now()).request_id == "b"  # type: ignore[union-attr]  # same window
     clock.advance(1000 * US)
     push(q, clock, "c")
-    assert q.pop_for_admission(clock.now()) is None  # a new window for c
+    assert admit(q, clock.now()) is None  # a new window for c
     for rid in "def":
         push(q, clock, rid)
-    assert q.pop_for_admission(clock.now()).request_id == "c"  # type: ignore[union-attr]  # 4 queued
+    assert admit(q, clock.now()).request_id == "c"  # type: ignore[union-attr]  # 4 queued
 
 
 def test_admission_respects_levels_then_asks_the_picker_among_users_by_head_arrival() -> None:
@@ -212,14 +213,14 @@ def test_admission_respects_levels_then_asks_the_picker_among_users_by_head_arri
         offered.append(users)
         return users[-1]
 
-    assert q.pop_for_admission(clock.now(), pick).request_id == "c1"  # type: ignore[union-attr]
-    assert q.pop_for_admission(clock.now(), pick).request_id == "b1"  # type: ignore[union-attr]
+    assert admit(q, clock.now(), pick).request_id == "c1"  # type: ignore[union-attr]
+    assert admit(q, clock.now(), pick).request_id == "b1"  # type: ignore[union-attr]
     assert offered == [["ann", "bob", "cy"], ["ann", "bob"]]
     assert q.users_queued() == {"ann", "zed"} and q.num_queued_for("ann") == 2
-    assert [q.pop_for_admission(clock.now()).request_id for _ in range(3)] == ["a1", "a2", "low"]  # type: ignore[union-attr]
+    assert [admit(q, clock.now()).request_id for _ in range(3)] == ["a1", "a2", "low"]  # type: ignore[union-attr]
     with pytest.raises(ValueError):
         push(q, clock, "x", "ann")
-        q.pop_for_admission(clock.now(), lambda users: "nobody")
+        admit(q, clock.now(), lambda users: "nobody")
 
 
 def test_peek_take_and_requeue_front_keep_one_entry_per_request() -> None:
@@ -295,8 +296,8 @@ def test_a_delayed_request_goes_behind_another_users_fresh_request_whatever_the_
         offered.append(users)
         return "ann" if "ann" in users else users[0]
 
-    assert q.pop_for_admission(clock.now(), prefer_ann).request_id == "fresh"  # type: ignore[union-attr]
-    assert q.pop_for_admission(clock.now(), prefer_ann).request_id == "old"  # type: ignore[union-attr]
+    assert admit(q, clock.now(), prefer_ann).request_id == "fresh"  # type: ignore[union-attr]
+    assert admit(q, clock.now(), prefer_ann).request_id == "old"  # type: ignore[union-attr]
     assert offered == [["bob"], ["ann"]]
 
 

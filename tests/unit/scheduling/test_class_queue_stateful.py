@@ -76,8 +76,11 @@ class ClassQueueMachine(RuleBasedStateMachine):
 
     @rule(pick_last=st.booleans())
     def admit(self, pick_last: bool) -> None:
-        item = self.q.pop_for_admission(self.clock.now(), (lambda u: u[-1]) if pick_last else None)
+        now = self.clock.now()
+        self._came_out(self.q.expire(now))
+        item = self.q.peek_for_admission(now, (lambda u: u[-1]) if pick_last else None)
         if item is not None:
+            self.q.take(item, now)
             self._came_out([item])
             self.out.discard(item.request_id)  # it may come back through requeue_front
             self.taken.append(item)

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+from engine_helpers import admit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,7 +81,7 @@ def simulate(weights: dict[str, float], sizes: list[tuple[int, int]], w_in: floa
     diffs = [0.0]
     refill()
     for _ in range(n_requests):
-        item = q.pop_for_admission(0.0, vtc.pick)
+        item = admit(q, 0.0, vtc.pick)
         assert item is not None
         refill()  # both users stay backlogged throughout
         vtc.charge(item.user, input_tokens=item.cost)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from engine_helpers import admit
+
 from homeai.policy.schema import ClassPolicy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import VirtualClock
@@ -66,7 +68,7 @@ def test_hypothesis_example_of_finding_11_keeps_every_request_accounted_for() ->
         "kind": "embedding", "model": "m", "max_batch_size": 4, "preferred_batch_size": [2, 4],
         "max_queue_delay_microseconds": 0, "priority_levels": 2,
         "default_queue_policy": {**queue_policy, "max_queue_size": 0}}))
-    r0 = q.pop_for_admission(clock.now())
+    r0 = admit(q, clock.now())
     assert r0 is not None and r0.request_id == "r0"
     clock.advance(500 * US)
     assert q.expire(clock.now()) == []  # r0 is out (taken), not queued
