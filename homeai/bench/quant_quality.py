@@ -1,7 +1,7 @@
 """How far a quantized model strays from its float32 original: greedy agreement and logit distance.
 
-Both a slow test (a few prompts) and ``homeai bench quant`` (50 prompts x 32 tokens, the issue's
-figure) call these, so the test checks the same thing the bench reports.
+Both a slow test (a few prompts) and ``homeai bench quant`` (50 prompts x 32 tokens, the figure the
+README reports) call these, so the test checks the same thing the bench reports.
 
 - free-running agreement: both models generate greedily on their own; the share of positions where
   the two token streams are equal (strict: after a first divergence the rest rarely matches).

@@ -1,5 +1,5 @@
 """`homeai bench sim`: the household mix on virtual time under FIFO, single-queue priority and ours;
-``--trace all`` (or one trace's name): issue 9's acceptance figures over every trace (``sim.acceptance``);
+``--trace all`` (or one trace's name): the scheduler's acceptance figures over every trace (``sim.acceptance``);
 ``--sweep-margin`` (and ``--sweep-arrival``): the latency margin's frontier on one trace (``sim.sweep``)."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from homeai.runtime.llama import LlamaModel
 from homeai.runtime.llama_config import LlamaConfig
 from homeai.scheduling.fcfs import FCFSScheduler
 
-TTFT_PROMPT_TOKENS = 46  # the issue's idle-TTFT prompt
+TTFT_PROMPT_TOKENS = 46  # the idle-TTFT prompt, as long as the one homeai bench serve's idle phase sends
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_layers": 30,
                      "num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "rope_theta": 100000.0,
@@ -236,7 +236,7 @@ def run_speed(source: Path | str, device: torch.device, dtype: torch.dtype, form
 
 
 def headline(speed: dict[str, Any]) -> dict[str, float]:
-    """The issue's keys: the baseline's bandwidth share, and int8 against it when both ran. When compiled
+    """The summary keys: the baseline's bandwidth share, and int8 against it when both ran. When compiled
     variants ran, the headline keys are theirs (the fast path) and the eager figures get an ``_eager``
     suffix."""
     formats = speed["formats"]
@@ -252,7 +252,7 @@ def headline(speed: dict[str, Any]) -> dict[str, float]:
                 out[f"single_stream_bw_ratio_{q}{key}"] = formats[q + suffix]["single_stream_bw_ratio"]
                 out[f"{q}_over_fp32_single{key}"] = formats[q + suffix][rate] / formats[base + suffix][rate]
     if "int8" in formats and base != "int8":
-        out["idle_ttft_ms"] = formats["int8"]["idle_ttft_ms"]  # the issue's goal is stated for int8
+        out["idle_ttft_ms"] = formats["int8"]["idle_ttft_ms"]  # the headline idle TTFT is int8's when it ran
         out[f"idle_ttft_ms_{base}"] = formats[base]["idle_ttft_ms"]
     if "int4" in formats and base != "int4":
         out["idle_ttft_ms_int4"] = formats["int4"]["idle_ttft_ms"]

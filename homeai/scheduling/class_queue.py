@@ -99,8 +99,9 @@ class ClassQueue:
         the device thread has moved to running yet). The slots go to the class's levels in order: a
         level's allowance is what the requests queued at the levels before it leave.
 
-        Applies no timeouts: a request it timed out would leave the queue with nobody told (issue 9,
-        finding 11). Call ``expire(now)`` first so that timed-out requests make room and get answered."""
+        Applies no timeouts: a request it timed out would leave the queue with nobody told, and its
+        caller would wait forever. Call ``expire(now)`` first so that timed-out requests make room and
+        get answered."""
         if item.request_id in self._by_id:
             raise ValueError(f"request {item.request_id!r} is already queued in {self.name!r}")
         no = self._resolve_level(item.priority_level)

@@ -1,4 +1,5 @@
-"""Issue 9's acceptance figures, trace by trace, on virtual time with our policy.
+"""The scheduler's acceptance figures (does background work cost voice anything, is anything lost,
+does each share hold), trace by trace, on virtual time with our policy.
 
 Each trace runs twice: with its background work and without it (the "idle" run). Per trace:
 

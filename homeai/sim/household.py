@@ -1,5 +1,6 @@
 """The household comparison: our policy against FIFO (Ollama / llama.cpp) and single-queue priority
-(vLLM's priority policy), on the same trace and cost model, with the figures the issue names."""
+(vLLM's priority policy), on the same trace and cost model: voice's TTFT and ITL, chat's, and
+what the background classes got."""
 
 from __future__ import annotations
 

@@ -86,8 +86,8 @@ def _summaries(rng: random.Random, start_s: float, count: int = 400) -> list[Tra
 
 def cold_background(horizon_s: float = 120.0, seed: int = 0, background: bool = True) -> list[TraceRequest]:
     """An idle server takes an overnight job (summaries and chunks to embed) at t=0; the household
-    wakes up 5 s later. Issue 9, finding 1: what background was admitted at a cold start must not lock
-    voice out."""
+    wakes up 5 s later. What background was admitted at a cold start must not lock voice out: an idle
+    device is not starvation for the background to be repaid."""
     rng = random.Random(seed)
     reqs = _interactive(rng, horizon_s, start_s=5.0)
     if background:
@@ -96,8 +96,8 @@ def cold_background(horizon_s: float = 120.0, seed: int = 0, background: bool = 
 
 
 def index_start(horizon_s: float = 120.0, seed: int = 0, background: bool = True) -> list[TraceRequest]:
-    """The household is busy from t=0; an indexing job starts at t=10 s. Finding 2: its min_share is a
-    rate from then on, not a debt for the first 10 s repaid in back-to-back batches."""
+    """The household is busy from t=0; an indexing job starts at t=10 s. Its min_share is a rate
+    from then on, not a debt for the first 10 s repaid in back-to-back batches that would stall voice."""
     rng = random.Random(seed)
     reqs = _interactive(rng, horizon_s)
     if background:
@@ -107,7 +107,8 @@ def index_start(horizon_s: float = 120.0, seed: int = 0, background: bool = True
 
 def long_chat_prompts(horizon_s: float = 120.0, seed: int = 0, background: bool = True) -> list[TraceRequest]:
     """A 6000-token chat prompt every 2 s (a document pasted into chat) beside voice, searches and the
-    overnight job. Finding 3: steps sized by the targets keep voice's TTFT and ITL within them."""
+    overnight job. Steps sized by the targets keep voice's TTFT and ITL within them: an unsplit long
+    prompt would make every step carrying voice as long as the whole prompt."""
     rng = random.Random(seed)
     reqs = _interactive(rng, horizon_s, chat=False)
     t = 1.0
@@ -122,8 +123,8 @@ def long_chat_prompts(horizon_s: float = 120.0, seed: int = 0, background: bool 
 def search_during_background_window(horizon_s: float = 120.0, seed: int = 0,
                                     background: bool = True) -> list[TraceRequest]:
     """Summaries trickle in one at a time (each opens summarize's 50 ms delay window) while searches
-    arrive often. Finding 5: a background class whose window is still closed must neither hold back a
-    ready search batch nor make the device spin."""
+    arrive often. A background class whose window is still closed has nothing to run yet: it must
+    neither hold back a ready search batch nor make the device spin on empty steps."""
     rng = random.Random(seed)
     reqs = _interactive(rng, horizon_s, search_rate=4.0)
     if background:

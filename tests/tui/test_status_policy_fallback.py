@@ -1,4 +1,4 @@
-"""Issue 10 item 2 in the TUI: the top line says so while the server runs a fallback policy because its
+"""A fallback policy in the TUI: the top line says so while the server runs a fallback policy because its
 policy file was refused at start-up (``policy`` in /v1/stats), and stops saying so once it is over."""
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def on_line(text: str, number: int, new: str) -> str:
 
 
 async def test_validate_shows_an_error_on_line_21_on_line_21(server_url: str) -> None:
-    """Issue 21: a YAML error on line 21 was reported on line 1 (the editor's own check, then key paths
+    """A YAML error on line 21 used to be reported on line 1 (the editor's own check, then key paths
     re-derived by regexes); Validate is now the server's dry run and shows the line the server found."""
     original = httpx.get(f"{server_url}/admin/policy").text
     history = httpx.get(f"{server_url}/admin/policy/history").json()

@@ -1,4 +1,4 @@
-"""Issue 10 items 5 and 6 on a real `homeai serve` whose database already holds keys (its own server:
+"""Keys on a real `homeai serve` whose database already holds keys (its own server:
 the shared one runs without keys, as most API tests need).
 
 Before the fixes: /v1/stats, its stream and /metrics answered without a key and named every person;

@@ -1,4 +1,4 @@
-"""Issue 10 item 4: SIGTERM while streams run. A real `homeai serve` (its own, since this test stops it)
+"""SIGTERM while streams run. A real `homeai serve` (its own, since this test stops it)
 with a 3 s drain: the streams go on after the signal, then each ends with its API's final message; the
 process exits cleanly with no traceback, and the request log holds every stream.
 

@@ -1,4 +1,4 @@
-"""Issue 10 items 3 and 8 against the real server: deep JSON and over-long embedding inputs.
+"""Input limits against the real server: deep JSON and over-long embedding inputs.
 
 Before the fixes: JSON nested 1,000 deep answered 500 "internal error: RecursionError" with a traceback
 in the log; an embedding input over the model's 256 tokens was cut without notice on every route.

@@ -1,4 +1,4 @@
-"""Issue 10 item 2 through the whole app: an invalid policy.yaml in the data directory, the real models.
+"""A refused policy file through the whole app: an invalid policy.yaml in the data directory, the real models.
 
 Before the fix `create_app` raised PolicyError and `homeai serve` exited ("invalid policy"). Now the
 app starts on the newest valid stored version and says why in /readyz and /v1/stats. In-process

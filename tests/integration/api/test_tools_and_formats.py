@@ -194,7 +194,7 @@ def test_responses_text_format_and_streamed_logprobs(client: OpenAI) -> None:
     assert all(len(e.top_logprobs) == 2 for e in streamed)
 
 
-# ---- the edge of the budget (issue 21): forced calls are whole, and nothing of a call reaches the text --
+# ---- the edge of the budget: forced calls are whole, and nothing of a call reaches the text ------------
 NOTE = {"type": "object", "additionalProperties": False, "required": ["message"],
         "properties": {"message": {"type": "string"}}}  # no maxLength: the model may write until the budget
 BROADCAST = {"type": "function", "function": {"name": "HassBroadcast", "description": "Says a message in every room",

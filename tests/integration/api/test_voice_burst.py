@@ -1,4 +1,4 @@
-"""Issue 10 item 8 over HTTP: 40 simultaneous voice requests, where the default policy allows 8 running
+"""A voice burst over HTTP: 40 simultaneous voice requests, where the default policy allows 8 running
 and 16 queued, admit 24 and reject 16 with 429 (they got 21 x 429: free running slots were not counted
 as room until the device thread had started requests into them). Its own server on the default policy.
 

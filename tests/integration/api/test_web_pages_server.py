@@ -1,4 +1,4 @@
-"""Issue 21 against the real server as shipped (loopback, no keys): a web page cannot drive it, and what it
+"""Web pages against the real server as shipped (loopback, no keys): a web page cannot drive it, and what it
 refuses is a clean 4xx naming the field, never served, never metered, its body never read when too large.
 
 Before: a rebound name or a cross-site text/plain POST ran a chat; ``X-HomeAI-Priority: -1`` was a 500

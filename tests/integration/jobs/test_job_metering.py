@@ -1,4 +1,5 @@
-"""Job traffic is metered like HTTP traffic (issue 10, item 1): a real indexing job shows up in
+"""Job traffic is metered like HTTP traffic (unmetered, a job's load was invisible to stats and the
+request log): a real indexing job shows up in
 /v1/stats (indexing class, user ``indexer``), in the /metrics series of the indexing class and as
 request-log rows, one per request the job made; a prompt job is logged as its user; and an HTTP
 request is counted exactly once (the handlers no longer meter on their own).

@@ -126,7 +126,8 @@ async def test_invalid_policy_is_422_with_key_path_and_nothing_changes(
 
 
 async def test_put_422_gives_each_error_its_line(client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
-    """Issue 21: the server knew the lines (PolicyError.lines) and dropped them from the 422."""
+    """The server knew the lines (PolicyError.lines) and used to drop them from the 422, so the TUI had
+    to guess them."""
     r = await client.put("/admin/policy", content=VOICE_QUEUE_BAD)
     assert r.status_code == 422
     assert r.json()["error"]["errors"] == [
@@ -249,7 +250,7 @@ async def test_rollback_errors(client: AsyncTestClient[Litestar]) -> None:
 
 async def test_a_class_naming_an_unknown_model_is_reported_at_the_class(
         client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
-    """Issue 10 item 8: this was reported at ``aliases.voice.model`` (the alias pinned the old model)."""
+    """This used to be reported at ``aliases.voice.model`` (the alias pinned the old model)."""
     text = DEFAULT_TEXT.replace("model: smollm2-135m-instruct", "model: no-such-model", 1)
     r = await client.put("/admin/policy", content=text)
     assert r.status_code == 422, r.text
@@ -258,7 +259,7 @@ async def test_a_class_naming_an_unknown_model_is_reported_at_the_class(
 
 
 async def test_rollback_honours_the_version_query(client: AsyncTestClient[Litestar], holder: PolicyHolder) -> None:
-    """Issue 10 item 8: ``?version=999`` once rolled back one version; now it names the target."""
+    """``?version=999`` once rolled back one version (the query was ignored); now it names the target."""
     assert (await client.put("/admin/policy", content=CHAT_BATCH_32)).status_code == 200
     assert (await client.put("/admin/policy", content=DEFAULT_TEXT)).status_code == 200  # versions 1, 2, 3
     r = await client.post("/admin/policy/rollback", params={"version": 999})

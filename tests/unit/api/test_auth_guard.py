@@ -1,4 +1,4 @@
-"""The app-wide ``authenticate`` guard (issue 10, items 3, 5 and 6) on the real routers, without a model.
+"""The app-wide ``authenticate`` guard on the real routers, without a model.
 
 A real Store on tmp SQLite holds the keys; no gateway is set, so a request that gets past the guard and
 the body validation answers 503: every status below says which of those stages answered.

@@ -1,5 +1,5 @@
-"""Issue 10 item 7: any key could search any collection, including one an admin built from a system
-folder. Now a collection has an owner (whoever created its index job) and a list of readers. Issue 21: a
+"""Any key used to be able to search any collection, including one an admin built from a system
+folder. Now a collection has an owner (whoever created its index job) and a list of readers. A
 collection a key may not search answers as one that does not exist (404, the same body), so a plain key
 cannot probe for names.
 

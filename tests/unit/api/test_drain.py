@@ -1,6 +1,6 @@
-"""Issue 10 item 4, the app's side of a drain: 503 + Retry-After once it begins, probes still answer,
+"""The app's side of a drain: 503 + Retry-After once it begins, probes still answer,
 the live-stats stream ends, and the deadline ends the engine's open generations (no model here; the
-real SIGTERM with streams in flight is tests/integration/api/test_drain.py)."""
+real SIGTERM with streams in flight is tests/integration/api/test_drain_server.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 10 item 2: an invalid policy.yaml in the data directory no longer stops the server from starting.
+"""An invalid policy.yaml in the data directory no longer stops the server from starting.
 
 The start-up path is exercised as ``create_app`` and ``store_lifespan`` run it (``startup_holder``, then
 ``fall_back_to_stored`` on the open store), and /readyz and /v1/stats are read from the real routers.

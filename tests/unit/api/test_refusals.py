@@ -1,6 +1,6 @@
-"""Issue 21: the refusals that used to be a 500, a silent clamp or an answer of ``null`` are 400s naming the
+"""The refusals that used to be a 500, a silent clamp or an answer of ``null`` are 400s naming the
 field, decided in the API before anything is queued (the model-backed versions are in
-tests/integration/api/test_web_pages.py)."""
+tests/integration/api/test_web_pages_server.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 21: safe against web pages. The server as shipped (loopback, no keys) must not be driven by a page
+"""Safe against web pages. The server as shipped (loopback, no keys) must not be driven by a page
 that a household member happens to open, and what it refuses it refuses with a clean 4xx.
 
 The app is built with the routes and the protection ``create_app`` uses (``ROUTE_HANDLERS``,

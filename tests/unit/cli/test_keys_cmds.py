@@ -48,7 +48,8 @@ def test_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_a_key_with_the_metrics_scope(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 10 item 5: the TUI's key reads stats and /metrics without being an admin."""
+    """The TUI's key reads stats and /metrics without being an admin: a monitor needs no power to change
+    the policy or the keys."""
     where = ["--data-dir", str(tmp_path)]
     assert run(["keys", "create", "tui", "--user", "dad", "--scope", "metrics", *where]) == 0
     key = capsys.readouterr().out.strip()

@@ -1,6 +1,7 @@
-"""The device loop owns the scheduling state (issue 9): other threads post, the loop applies.
+"""The device loop owns the scheduling state (other threads touching it raced with the planner): other
+threads post, the loop applies.
 
-Finding 5 on the real DeviceLoop: a summary waiting behind its closed delay window no longer turns a
+On the real DeviceLoop: a summary waiting behind its closed delay window no longer turns a
 ready search batch into an empty LLM step and a 0 s idle wait. Requests reach the scheduler only through
 the loop's thread; a full queue's refusal reaches the caller where it awaits its first delta; a policy
 swap posted before a request is applied before it. Virtual time throughout.

@@ -55,7 +55,8 @@ def test_is_under_needs_a_separator() -> None:
 
 
 def test_links_out_of_the_folder_are_never_followed(tmp_path: Path) -> None:
-    """Issue 10 item 7: a file link pointing outside the indexed folder was indexed and searchable."""
+    """A file link pointing outside the indexed folder used to be indexed, so anyone who could search
+    the collection could read the file it pointed to."""
     root, outside = tmp_path / "docs", tmp_path / "system"
     root.mkdir()
     outside.mkdir()

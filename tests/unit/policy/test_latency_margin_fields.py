@@ -1,4 +1,4 @@
-"""Issue 20: a policy says, per interactive class, how much lower-class work may lengthen its steps
+"""Latency margins in the policy: a policy says, per interactive class, how much lower-class work may lengthen its steps
 (``latency_margin``), whether the background batches between its steps count too
 (``margin_between_steps``), and how long a background-only step may last while it is active
 (``arrival_step_fraction``); each is validated at its key path, and the default policy keeps voice at

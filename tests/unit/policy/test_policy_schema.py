@@ -133,7 +133,8 @@ def test_global_and_class_kind_rules() -> None:
 
 
 def test_preferred_batch_size_on_an_llm_class_is_refused_with_the_reason() -> None:
-    """It used to be accepted and silently ignored (issue 9, finding 10)."""
+    """It used to be accepted and silently ignored: an LLM class forms no batches, so the setting
+    promised what nothing did."""
     errs = errors_of(BASE.replace("max_batch_size: 8", "max_batch_size: 8\n    preferred_batch_size: [4, 8]"))
     msg = errs["classes.voice.preferred_batch_size"]
     assert msg.startswith("only for embedding classes") and "in flight" in msg
@@ -172,7 +173,7 @@ def test_yaml_syntax_errors_give_file_line_and_column() -> None:
 
 
 def test_every_error_carries_its_line_syntax_errors_too() -> None:
-    """Issue 21: a YAML syntax error's line was only in its message; ``located()`` gives each error's
+    """A YAML syntax error's line used to be only in its message; ``located()`` gives each error's
     line (what the admin 422 sends), the schema's from the key path, a syntax error's from the parser."""
     lines = BASE.splitlines()
     broken = "\n".join([*lines[:2], "\t" + lines[2].lstrip(), *lines[3:]]) + "\n"  # a tab on line 3

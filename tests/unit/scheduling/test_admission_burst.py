@@ -1,4 +1,4 @@
-"""Issue 10 item 8: 40 simultaneous voice requests, where 8 running + 16 queued are allowed, got 21 x 429.
+"""A voice burst: 40 simultaneous voice requests, where 8 running + 16 queued are allowed, got 21 x 429.
 
 Why: a full queue was judged on queued requests alone, and requests leave the queue for a running slot
 only when the device thread plans its next step. A burst that arrives between two steps (all 40 of them,

@@ -199,7 +199,8 @@ def test_a_background_class_that_starts_late_repays_no_debt_in_back_to_back_batc
 
 def test_a_single_search_query_is_not_stuck_behind_another_users_flood() -> None:
     """The indexer's 250 inputs sent to the interactive embedding class, then alice's one query: her
-    query is in the first batch (per-user counters), not the 32nd behind them (issue 9, finding 7)."""
+    query is in the first batch (per-user counters), not the 32nd behind them (one shared FIFO made her
+    wait for the whole flood)."""
     dev = Device(make_policy(search={"max_queue_delay_microseconds": 0}))
     for i in range(250):
         dev.batcher.push_embedding("search", QueuedItem(f"idx{i}", "indexer", cost=200))

@@ -1,9 +1,9 @@
-"""Issue 9, findings 5 and 8, on virtual time with the default policy.
+"""An idle-looking device on virtual time with the default policy: what is ready runs, nothing spins.
 
-Finding 5: a background LLM request behind its closed delay window made the batcher answer "LLM step"
-(an empty one) instead of a ready interactive embedding batch, and the device loop spun on a 0 s wait;
-the simulator dropped a wake time equal to now and never ran the query. Finding 8: a forced background
-batch was formed "as if" at the end of its delay window, so timeouts were applied at that future time.
+A background LLM request behind its closed delay window made the batcher answer "LLM step" (an empty
+one) instead of a ready interactive embedding batch, and the device loop spun on a 0 s wait; the
+simulator dropped a wake time equal to now and never ran the query. And a forced background batch was
+formed "as if" at the end of its delay window, so timeouts were applied at that future time.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The batcher under latency margins (issue 20), on virtual time: background embedding batches fit the
+"""The batcher under latency margins, on virtual time: background embedding batches fit the
 gaps the planner predicts (its steps are bounded now, so the next one is no longer assumed to last 60 % of
 the ITL target), a class whose margin spans the time between its steps (voice) keeps its tokens at
 quiet-house pace, and a new chat request may wait behind a background batch only within its arrival

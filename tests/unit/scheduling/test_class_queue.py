@@ -262,7 +262,7 @@ def test_many_cancellations_keep_memory_bounded() -> None:
     assert [i.request_id for i in q] == [f"r{i}" for i in range(900, 1000)]
 
 
-# ---- issue 9, findings 7, 9, 10 -------------------------------------------------------------------
+# ---- after the delay window; a delayed request and other users; counter order across users --------
 def test_after_the_delay_window_everything_pending_goes_up_to_max_batch_size() -> None:
     """Triton: once the oldest has waited the window, all that is pending goes (up to the max), not a
     batch trimmed to the largest preferred size that fits (before: 8 of the 10, then 2 more later)."""

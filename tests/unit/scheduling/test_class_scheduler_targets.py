@@ -1,6 +1,6 @@
-"""Issue 9's planner findings on virtual time: min_share is a rate that never locks voice out (1, 2),
-steps are sized by the latency targets and a waiting voice request goes before a chat prompt's next
-chunk (3), and VTC charges a prompt at admission (6). Each test failed on the planner before the fix."""
+"""The planner's targets on virtual time: min_share is a rate that never locks voice out, steps are
+sized by the latency targets and a waiting voice request goes before a chat prompt's next chunk, and
+VTC charges a prompt at admission. Each test failed on the planner before the fix."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from homeai.scheduling.step_budget import (
 )
 
 
-# ---- finding 1: a cold start is not starvation; a share never locks voice out ----------------------
+# ---- a cold start is not starvation; a share never locks voice out ----------------------------------
 def test_background_admitted_at_a_cold_start_gives_its_slot_to_voice_at_once() -> None:
     """Four summaries fill every slot of an idle server; a voice request then runs in the very next
     step (it waited for the whole background output before: they were all 'admitted for min_share')."""
@@ -53,7 +53,7 @@ def test_voice_takes_kv_blocks_from_background_admitted_at_a_cold_start() -> Non
     assert_engine_empty(h.sched)
 
 
-# ---- finding 2: the share refills as a rate; a late start repays no debt in a burst ---------------
+# ---- the share refills as a rate; a late start repays no debt in a burst ----------------------------
 def test_a_background_class_that_starts_late_gets_its_share_per_step_not_a_burst() -> None:
     """Chat fills every step for 200 steps; then summaries arrive. The background class gets about its
     share of each step from then on: never more than a couple of steps' share in one step while chat
@@ -82,7 +82,7 @@ def test_a_background_class_that_starts_late_gets_its_share_per_step_not_a_burst
     assert_engine_empty(h.sched)
 
 
-# ---- finding 3: steps sized by the targets; voice before a chat prompt's next chunk ---------------
+# ---- steps sized by the targets; voice before a chat prompt's next chunk ----------------------------
 def test_voice_arriving_during_a_long_chat_prefill_runs_in_the_next_step() -> None:
     """Budget 512, an 8000-token chat prompt prefilling: a voice request gets its prompt (and so its
     first token) in the next step; chat's chunk shrinks to what is left (before: after 14 steps)."""
@@ -163,7 +163,7 @@ def test_the_step_cost_model_fits_measured_steps() -> None:
     assert abs(cost.base_s - 0.016) < 0.004 and abs(cost.per_token_s - 0.0001) < 0.00002
 
 
-# ---- finding 6: VTC charges the prompt at admission -----------------------------------------------
+# ---- VTC charges the prompt at admission (else one user's counter stands still for a whole step) ---
 def test_one_admission_loop_alternates_users_because_the_prompt_is_charged_at_admission() -> None:
     """Two users with ten 8-token requests each and room for all in one step: admissions alternate
     (before, the first user's counter stood still until update() and it got 11 of the first step)."""

@@ -1,4 +1,4 @@
-"""Issue 20 on virtual time: a step that carries voice work is not lengthened by lower-class work beyond
+"""Latency margins on virtual time: a step that carries voice work is not lengthened by lower-class work beyond
 voice's latency_margin (chat's prompt, background decodes and prompt chunks: as the fitted cost model
 predicts the step), a background-only step stays short enough for a voice request arriving during it,
 and chat's steps get the same protection from the background. Each test failed on the planner before
@@ -62,7 +62,7 @@ def tokens_of_class(h: ClassHarness, plan: StepPlan, name: str) -> int:
 def test_a_voice_decode_step_is_not_lengthened_beyond_the_margin_by_a_lower_class_prompt() -> None:
     """On a CPU, voice decodes while a 400-token chat prompt and four 1,500-token summaries arrive: every
     step carrying voice work lasts at most 1.15x its voice work alone (before: a 34-token chat chunk and
-    the summaries' decodes and chunk made it 2-3x as long: the ITL spikes of issue 20). Chat and the
+    the summaries' decodes and chunk made it 2-3x as long: voice's ITL spiked whenever a summary ran). Chat and the
     summaries still make progress beside voice and finish after it."""
     h = harness(CPU)
     voice = h.add("voice", prompt_len=40, max_tokens=40)

@@ -1,8 +1,8 @@
-"""Issue 9, findings 4 and 11: a class queue's queries never mutate it, and no request vanishes.
+"""A class queue's queries never mutate it, and no request vanishes.
 
-Finding 4: ``next_expiry_at``, ``next_ready_at`` and the head lookups used to pop from the deadline heap
-and the deques; called from another thread they raced with ``push`` and a timeout was lost. Finding 11:
-``push`` applied timeouts itself and parked what it rejected where nobody looked, so a request was
+``next_expiry_at``, ``next_ready_at`` and the head lookups used to pop from the deadline heap and the
+deques; called from another thread they raced with ``push`` and a timeout was lost. And ``push``
+applied timeouts itself and parked what it rejected where nobody looked, so a request was
 neither queued, handed out nor reported.
 """
 
@@ -55,7 +55,7 @@ def test_queries_leave_the_heap_and_the_lines_untouched() -> None:
     assert structure(q) == before
 
 
-def test_hypothesis_example_of_finding_11_keeps_every_request_accounted_for() -> None:
+def test_hypothesis_example_a_request_timed_out_during_a_push_stays_accounted_for() -> None:
     """push(ann, 500 us) / swap_policy(REJECT, delay 0, max_size 0) / admit / advance 500 us / requeue /
     push(ann): r0 timed out while r1 was pushed; it must stay queued until expire() reports it."""
     clock = VirtualClock()

@@ -1,4 +1,4 @@
-"""Issue 10 item 8: a class's 429 Retry-After never exceeds how long its queue lets a request wait.
+"""A class's 429 Retry-After never exceeds how long its queue lets a request wait.
 
 Voice requests time out after 10 s in the queue, yet its 429s said Retry-After 60 and 30: the estimate
 (requests ahead times the time between departures) read a quiet stretch before the burst as a slow queue.

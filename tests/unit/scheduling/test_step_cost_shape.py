@@ -1,4 +1,5 @@
-"""The planner's step cost model predicts a step from its rows, tokens and context (issue 20): decode rows
+"""The planner's step cost model predicts a step from its rows, tokens and context (a tokens-only
+model misjudged a step of many decode rows or long contexts, so the planner could not bound it): decode rows
 and prompt tokens cost differently, attention grows with the context, and the online fit learns each
 slope the steps seen vary (a slope they do not vary keeps the seed's value)."""
 

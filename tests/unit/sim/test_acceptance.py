@@ -1,4 +1,4 @@
-"""Issue 9's acceptance figures on short traces: every trace runs, nothing is lost, a background job
+"""The scheduler's acceptance figures on short traces: every trace runs, nothing is lost, a background job
 starts when its trace says, and the figures are what `homeai bench sim --trace all --json` prints."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_a_background_job_enters_its_queue_at_its_start_time_not_at_zero() -> No
 
 
 def test_voice_keeps_its_targets_beside_6000_token_chat_prompts(report: dict) -> None:
-    """Issue 9, finding 3 on the simulated GPU: with a 6000-token chat prompt every 2 s (and background
+    """Steps sized by the targets, on the simulated GPU: with a 6000-token chat prompt every 2 s (and background
     work), voice's TTFT p99 stays within its 300 ms target and its ITL p99 within 100 ms (before: 685 ms
     and 222 ms, as chat's prompt took whole 2048-token steps ahead of voice)."""
     t = report["traces"]["long-chat-prompts"]

@@ -1,4 +1,4 @@
-"""Issue 20 on virtual time: the household as the real server sees it (household-real: 12 summaries of
+"""Latency margins on virtual time: the household as the real server sees it (household-real: 12 summaries of
 1,500 tokens in flight, the server's 364-block KV pool, cpu-135m costs) and the latency margin's sweep
 (`homeai bench sim --sweep-margin`): one row per setting with voice's TTFT p99 ratio, ITL p99, time to
 its 12th token p99 and the background's tokens per second."""
