@@ -105,7 +105,7 @@ class Batcher:
                     queue.set_policy(cp)
                     if queue.fairness is not None:
                         queue.fairness.apply_policy(policy, name)
-                else:  # per-user fairness inside an embedding class, as in LLM classes (finding 7)
+                else:  # per-user fairness inside an embedding class too: one user's flood must not queue others
                     self.embed_queues[name] = ClassQueue(name, cp, VirtualTokenCounter.from_policy(policy, name))
         if self.llm is not None:
             self.llm.apply_policy(policy)
@@ -143,7 +143,7 @@ class Batcher:
         now = self.clock.now()
         with self.lock:
             # Only an LLM step that would do something counts: a queued request behind a closed delay
-            # window must neither hold back a ready embedding batch nor yield an empty step (finding 5).
+            # window must neither hold back a ready embedding batch nor yield an empty step (the loop would spin).
             llm_has_work = self.llm is not None and self.llm.can_step(now)
             interactive, background = self._ready_embedding(now)
             if interactive and not (self._last_was_embed and llm_has_work):
