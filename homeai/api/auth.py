@@ -22,7 +22,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers.base import BaseRouteHandler
 
 from homeai.api.body_guard import check_body
-from homeai.api.settings import is_loopback
+from homeai.api.settings import Settings, is_loopback
 from homeai.store.keys import KeyStoreUnavailable
 
 ANONYMOUS = "anonymous"
@@ -58,8 +58,8 @@ def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
 def keys_required_by_bind(state: Any) -> bool:
     """Whether the server listens beyond loopback (keys mandatory even before any exists)."""
     settings = state.get("settings")
-    if settings is not None and hasattr(settings, "requires_keys"):
-        return bool(settings.requires_keys)
+    if isinstance(settings, Settings):
+        return settings.requires_keys
     host = state.get("bind_host")
     return host is not None and not is_loopback(str(host))
 

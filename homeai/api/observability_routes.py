@@ -9,7 +9,7 @@
                            request log cannot write, or the policy file was refused at start-up),
                            503 "starting" before
 
-Uses ``app.state.metrics`` (a MetricsRecorder), ``app.state.gateway`` (``snapshot()``, ``started_s``),
+Uses ``app.state.metrics`` (a MetricsRecorder), ``app.state.gateway`` (``snapshot()``, ``ServingGateway``),
 ``app.state.policy_holder`` and ``app.state.store`` when present; ``app.state.stats_interval_s``
 overrides the stream period.
 
@@ -24,7 +24,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from litestar import Request, Response, Router, get
 from litestar.datastructures import State
@@ -117,23 +117,33 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def gateway_started(gateway: Any) -> bool:
+class ServingGateway(Protocol):
+    """What readiness reads of the gateway (a ``Gateway``; the route tests pass small fakes)."""
+
+    @property
+    def started_s(self) -> float: ...  # 0 until started
+
+    @property
+    def loop(self) -> object | None: ...  # the device loop; None before start and after shutdown
+
+    def engine_health(self) -> dict[str, Any]: ...
+
+
+def gateway_started(gateway: ServingGateway) -> bool:
     """Started and not shut down (a Gateway sets ``started_s`` on start and drops ``loop`` on shutdown)."""
-    if gateway is None or not getattr(gateway, "started_s", 0):
-        return False
-    return not (hasattr(gateway, "loop") and gateway.loop is None)
+    return bool(gateway.started_s) and gateway.loop is not None
 
 
 @get("/readyz", summary="Readiness", opt={"auth": "public"})
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     state = request.app.state
-    gateway = state.get("gateway")
+    gateway: ServingGateway | None = state.get("gateway")
     drain = state.get("drain")
     if drain is not None and drain.draining:  # a balancer stops sending here; requests get 503 anyway
         return Response({"status": "draining"}, status_code=503, headers={"Retry-After": str(drain.retry_after_s())})
-    if not gateway_started(gateway):
+    if gateway is None or not gateway_started(gateway):
         return Response({"status": "starting"}, status_code=503)
-    health = gateway.engine_health() if hasattr(gateway, "engine_health") else {}
+    health = gateway.engine_health()
     if health.get("failing"):  # steps keep failing: a supervisor should notice (and may restart us)
         return Response({"status": "failing", "reason": health.get("last_error")}, status_code=503)
     store = state.get("store")

@@ -9,7 +9,6 @@ without keys (loopback), header X-HomeAI-User, else the OpenAI ``user`` field, e
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from typing import Any
 
 from litestar import Request
 
+from homeai.api.auth import ANONYMOUS, resolve_caller
 from homeai.api.drain import engine_error
 from homeai.api.errors import BadRequest, ServiceUnavailable, to_api_error
 from homeai.api.streaming import until_disconnect
@@ -34,12 +34,6 @@ log = logging.getLogger(__name__)
 
 HEADER_CLASS, HEADER_USER = "x-homeai-class", "x-homeai-user"
 HEADER_PRIORITY, HEADER_TIMEOUT_MS = "x-homeai-priority", "x-homeai-timeout-ms"
-ANONYMOUS = "anonymous"
-
-if importlib.util.find_spec("homeai.api.auth") is not None:  # a broken auth module must fail loudly
-    from homeai.api.auth import resolve_caller as _resolve_caller
-else:  # pragma: no cover - until API keys exist: everyone on loopback is anonymous
-    _resolve_caller = None
 
 
 @dataclass(slots=True)
@@ -63,11 +57,8 @@ def _int_header(request: Request[Any, Any, Any], name: str) -> int | None:
 
 
 async def request_context(request: Request[Any, Any, Any], body_user: str | None = None) -> RequestContext:
-    caller_user, key_class = ANONYMOUS, None
-    if _resolve_caller is not None:
-        caller = await _resolve_caller(request)
-        caller_user, key_class = caller.user, caller.default_class
-    user = caller_user
+    caller = await resolve_caller(request)
+    user, key_class = caller.user, caller.default_class
     if user == ANONYMOUS:
         user = request.headers.get(HEADER_USER) or body_user or ANONYMOUS
     timeout_ms = _int_header(request, HEADER_TIMEOUT_MS)

@@ -9,7 +9,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,10 @@ DEFAULT_TEXT = DEFAULT_POLICY.read_text(encoding="utf-8")
 @dataclass
 class FakeGateway:
     started_s: float = 1.0
+    loop: object = field(default_factory=object)  # a started gateway has its device loop
+
+    def engine_health(self) -> dict[str, Any]:
+        return {"failing": False}
 
     def snapshot(self) -> dict[str, Any]:
         return {"classes": {"chat": {"queued": 2, "running": 1, "depth_by_level": {1: 2},

@@ -48,6 +48,10 @@ class FakeEngine:
 class FakeGateway:
     llms: dict[str, FakeEngine] = field(default_factory=lambda: {"llm": FakeEngine()})
     started_s: float = 1.0
+    loop: object = field(default_factory=object)  # a started gateway has its device loop
+
+    def engine_health(self) -> dict[str, Any]:
+        return {"failing": False}
 
     def snapshot(self) -> dict[str, Any]:
         return {"classes": {}, "device": {}}

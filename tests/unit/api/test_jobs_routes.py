@@ -31,6 +31,10 @@ DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "default.yam
 
 class FakeGateway:
     started_s = 1.0
+    loop = object()  # a started gateway has its device loop
+
+    def engine_health(self) -> dict[str, Any]:
+        return {"failing": False}
 
     def snapshot(self) -> dict[str, Any]:
         return {"classes": {}, "device": {}}
