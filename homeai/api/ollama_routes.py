@@ -9,7 +9,7 @@ a call completes, and sends results back as ``tool`` messages.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
@@ -158,7 +158,7 @@ async def generate_reply(request: Request[Any, Any, Any], data: ChatRequest | Ge
 
     parser = ToolCallParser() if tools else None
 
-    async def lines() -> AsyncIterator[bytes]:
+    async def lines() -> AsyncGenerator[bytes, None]:
         async with aclosing(gen.deltas()) as deltas:
             async for delta in deltas:
                 if delta.error:

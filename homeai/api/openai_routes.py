@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -115,7 +115,7 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
 
 
 async def stream_chunks(gen: Generation, obj: str, include_usage: bool, prefix: str = "",
-                        tools: bool = False) -> AsyncIterator[bytes]:
+                        tools: bool = False) -> AsyncGenerator[bytes, None]:
     """SSE for chat (``delta``) or text completions (``text``); closing it aborts the request.
     With ``tools``, calls stream as OpenAI streams them (index, id and name, then the arguments), each
     once it is complete: a call the budget cuts short never goes out (``ToolCallParser``)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -117,7 +117,7 @@ class _Reply:
         }
 
 
-async def response_events(gen: Generation, reply: _Reply) -> AsyncIterator[bytes]:
+async def response_events(gen: Generation, reply: _Reply) -> AsyncGenerator[bytes, None]:
     seq = 0
 
     def event(kind: str, **fields: Any) -> bytes:

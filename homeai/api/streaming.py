@@ -5,7 +5,8 @@ come back. Two places need care:
 
 - while a stream is being sent, Litestar cancels the sending task on ``http.disconnect`` but leaves our
   generator suspended at a ``yield`` (it would be closed only when garbage-collected). ``ClosingStream``
-  closes it explicitly, which runs the ``finally`` / ``aclosing`` blocks that abort the request;
+  answers with ``ClosingASGIStreamingResponse``, which closes it explicitly however sending ends; that
+  runs the ``finally`` / ``aclosing`` blocks that abort the request;
 - before the first byte (a non-streaming answer, or the wait for the first token that decides the
   status code), nobody listens for the disconnect: ``until_disconnect`` races the work against it.
 """
@@ -13,15 +14,19 @@ come back. Two places need care:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
-from litestar import Request
+from litestar import Litestar, Request
+from litestar.background_tasks import BackgroundTask, BackgroundTasks
+from litestar.datastructures import Cookie
+from litestar.enums import MediaType
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
-from litestar.types import Receive, Send
+from litestar.types import Receive, Send, TypeEncodersMap
+from litestar.utils.helpers import get_enum_string_value
 
 from homeai.api.errors import ClientGone
 
@@ -31,8 +36,8 @@ NDJSON_MEDIA_TYPE = "application/x-ndjson"
 _encoder = msgspec.json.Encoder()
 
 
-class _ClosingASGIStreamingResponse(ASGIStreamingResponse):
-    """Litestar's streaming response, plus: the iterator is closed however sending ends."""
+class ClosingASGIStreamingResponse(ASGIStreamingResponse):
+    """Litestar's streaming response, plus: the generator is closed however sending ends."""
 
     __slots__ = ()
 
@@ -40,28 +45,53 @@ class _ClosingASGIStreamingResponse(ASGIStreamingResponse):
         try:
             await super().send_body(send, receive)
         finally:
-            aclose = getattr(self.iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            if isinstance(self.iterator, AsyncGenerator):
+                await self.iterator.aclose()
 
 
 class ClosingStream(Stream):
-    """A ``Stream`` whose async generator is closed on disconnect (so the request is aborted)."""
+    """A ``Stream`` of an async generator that is closed on disconnect (so the request is aborted).
 
-    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
-        response = super().to_asgi_response(*args, **kwargs)
-        # Same slots, one overridden method: swapping the class keeps every other Litestar behaviour.
-        response.__class__ = _ClosingASGIStreamingResponse
-        return response
+    Built as Litestar's ``Stream.to_asgi_response`` builds its response, with two differences: the
+    response class, and the stream's own media type wins over the route's default (as for Litestar's
+    other responses), so an SSE answer says ``text/event-stream`` rather than ``application/json``.
+    """
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: AsyncGenerator[bytes, None], *, media_type: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(events, media_type=media_type, headers=headers)
+        self.events = events
+
+    def to_asgi_response(self, app: Litestar | None, request: Request[Any, Any, Any], *,
+                         background: BackgroundTask | BackgroundTasks | None = None,
+                         cookies: Iterable[Cookie] | None = None,
+                         encoded_headers: Iterable[tuple[bytes, bytes]] | None = None,
+                         headers: dict[str, str] | None = None, is_head_response: bool = False,
+                         media_type: MediaType | str | None = None, status_code: int | None = None,
+                         type_encoders: TypeEncodersMap | None = None) -> ASGIResponse:
+        return ClosingASGIStreamingResponse(
+            iterator=self.events,
+            background=self.background or background,
+            content_length=0,
+            cookies=self.cookies if cookies is None else [*self.cookies, *cookies],
+            encoded_headers=encoded_headers,
+            encoding=self.encoding,
+            headers={**headers, **self.headers} if headers is not None else self.headers,
+            is_head_response=is_head_response,
+            media_type=get_enum_string_value(self.media_type or media_type or MediaType.JSON),
+            status_code=self.status_code or status_code,
+        )
 
 
-def sse_stream(events: AsyncIterator[bytes]) -> ClosingStream:
+def sse_stream(events: AsyncGenerator[bytes, None]) -> ClosingStream:
     """Server-sent events (OpenAI streaming); proxies must not buffer them."""
     return ClosingStream(events, media_type=SSE_MEDIA_TYPE,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def ndjson_stream(lines: AsyncIterator[bytes]) -> ClosingStream:
+def ndjson_stream(lines: AsyncGenerator[bytes, None]) -> ClosingStream:
     """Newline-delimited JSON (Ollama streaming)."""
     return ClosingStream(lines, media_type=NDJSON_MEDIA_TYPE, headers={"Cache-Control": "no-cache"})
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
 from waiting import DEFAULT_TIMEOUT_S
 
 from homeai.api.errors import ClientGone
-from homeai.api.streaming import _ClosingASGIStreamingResponse, sse_data, until_disconnect
+from homeai.api.streaming import (
+    NDJSON_MEDIA_TYPE,
+    SSE_MEDIA_TYPE,
+    ClosingASGIStreamingResponse,
+    ndjson_stream,
+    sse_data,
+    sse_stream,
+    until_disconnect,
+)
 
 
 async def _disconnect_once(happened: asyncio.Event) -> dict[str, Any]:
@@ -39,9 +47,23 @@ async def test_stream_closes_its_generator_when_the_client_leaves() -> None:
         await asyncio.Event().wait()  # never done: only the disconnect ends this send
 
     stream = endless()  # held here, as Litestar's response holds it: no garbage collection to help
-    response = _ClosingASGIStreamingResponse(iterator=stream)
+    response = ClosingASGIStreamingResponse(iterator=stream)
     await asyncio.wait_for(response.send_body(stuck_send, lambda: _disconnect_once(sending)), DEFAULT_TIMEOUT_S)
     assert closed.is_set() and len(sent) == 1
+
+
+async def test_streams_go_out_as_closing_responses_with_their_own_media_type() -> None:
+    """The route's default media type (JSON) does not override the stream's: an SSE answer says
+    text/event-stream (browsers' EventSource refuses anything else), NDJSON application/x-ndjson."""
+
+    async def one() -> AsyncGenerator[bytes, None]:
+        yield b"x"
+
+    for stream, media_type in ((sse_stream(one()), SSE_MEDIA_TYPE), (ndjson_stream(one()), NDJSON_MEDIA_TYPE)):
+        response = stream.to_asgi_response(None, None, media_type="application/json")  # type: ignore[arg-type]
+        assert isinstance(response, ClosingASGIStreamingResponse)
+        headers = dict(response.encode_headers())
+        assert headers[b"content-type"].decode().startswith(media_type), headers
 
 
 class _FakeRequest:
