@@ -33,8 +33,7 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate as the server would: against the model repository (a class's model must be in it, and the
-    LLM classes must share one model)."""
+    """Validate as the server would: against the model repository (a class's model must be in it)."""
     from homeai.repository.entries import EntryError, load_entries
 
     try:

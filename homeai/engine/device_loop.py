@@ -3,8 +3,9 @@
 The queues, the class scheduler and the batcher are touched by this thread only (as vLLM v1's engine
 core owns its scheduler): HTTP handlers and jobs post adds, aborts and cancels to the engines' inboxes
 and policy swaps to ``post_policy``; they read the state through ``snapshot()``, which this thread
-publishes after its iterations. Each iteration is ``run_once`` (shared with the simulator): an LLM step
-or an embedding batch, whichever the batcher picks, timed on the batcher's clock so that background
+publishes after its iterations. Each iteration is ``run_once`` (shared with the simulator): a step of
+one of the LLMs (each with its own engine, KV cache and scheduler) or an embedding batch, whichever the
+batcher picks, timed on the batcher's clock so that background
 shares and ITL slack are measured, not guessed. With nothing ready it sleeps until the next deadline
 (a delay window closing, a timeout) or until work is posted, never spinning.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from homeai.engine.embed_service import EmbedService
@@ -34,15 +36,21 @@ class DeviceLoop:
     """Runs the device; the only thread that mutates queues, scheduler and batcher (module docstring)."""
 
     def __init__(self, llm: LLMEngine | None, batcher: Batcher, embed: EmbedService | None = None,
-                 build_snapshot: Callable[[], Snapshot] | None = None) -> None:
-        self.llm = llm
+                 build_snapshot: Callable[[], Snapshot] | None = None,
+                 llms: dict[str, LLMEngine] | None = None) -> None:
+        # Engines by model, as the batcher's ModelSet names them (one engine: its scheduler's model).
+        self.llms: dict[str, LLMEngine] = dict(llms or {})
+        if llm is not None:
+            self.llms[llm.scheduler.model or "llm"] = llm
         self.batcher = batcher
         self.embed = embed
         # One event wakes the loop, whoever posts: the engines are built around the same one.
-        wakes = {id(w): w for w in (llm.wake if llm else None, embed.wake if embed else None) if w is not None}
+        wakes = {id(w): w for w in (*(e.wake for e in self.llms.values()), embed.wake if embed else None)
+                 if w is not None}
         if len(wakes) > 1:
-            raise ValueError("the LLM engine and the embedding service must share the device loop's wake event")
+            raise ValueError("the LLM engines and the embedding service must share the device loop's wake event")
         self.wake = next(iter(wakes.values()), threading.Event())
+        self._models_posted: list[tuple[str, LLMEngine | None, Future[bool]]] = []  # loaded / to unload
         self.health = EngineHealth()  # failures outside any step or batch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,6 +65,11 @@ class DeviceLoop:
     def clock(self) -> Clock:
         return self.batcher.clock
 
+    @property
+    def llm(self) -> LLMEngine | None:
+        """The only (or first) LLM engine."""
+        return next(iter(self.llms.values()), None)
+
     # ---- other threads ---------------------------------------------------------------------------
     def post_policy(self, policy: Policy) -> None:
         """Swap the policy from any thread: applied before the next iteration, before any request
@@ -64,6 +77,17 @@ class DeviceLoop:
         with self._policies_lock:
             self._policies.append(policy)
         self.wake.set()
+
+    def post_model(self, name: str, engine: LLMEngine | None) -> Future[bool]:
+        """From any thread: a loaded model joins the device (``engine``), or leaves it (None) once it has
+        no work; the future says whether it did (False: it still had work, or was not there)."""
+        done: Future[bool] = Future()
+        if engine is not None:
+            engine.wake = self.wake
+        with self._policies_lock:
+            self._models_posted.append((name, engine, done))
+        self.wake.set()
+        return done
 
     def snapshot(self) -> Snapshot:
         """The last published view of queues and device (a new dict each time: never mutated)."""
@@ -80,8 +104,9 @@ class DeviceLoop:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        if self.llm is not None and self.llm.runner.compiled is not None:
-            self.llm.runner.compiled.stop()
+        for engine in self.llms.values():
+            if engine.runner.compiled is not None:
+                engine.runner.compiled.stop()
 
     # ---- the device thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -102,8 +127,9 @@ class DeviceLoop:
         repeats with no success between are the LLM's requests ended, so none waits on a broken loop."""
         self.health.failed("loop", exc)
         log.error("device loop iteration failed (%d in a row)", self.health.consecutive_failures, exc_info=exc)
-        if self.health.consecutive_failures >= FAILING_AFTER and self.llm is not None:
-            self.llm.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+        if self.health.consecutive_failures >= FAILING_AFTER:
+            for engine in self.llms.values():
+                engine.fail_all(f"engine error: {type(exc).__name__}: {exc}")
 
     def run_once(self) -> bool:
         """Run one piece of work; False when there was nothing ready."""
@@ -113,22 +139,42 @@ class DeviceLoop:
     def apply_inbox(self) -> None:
         with self._policies_lock:
             policies, self._policies = self._policies, []
+            models, self._models_posted = self._models_posted, []
         for policy in policies:  # first: requests posted after a swap are routed by the new policy
             self.batcher.apply_policy(policy)
-        if self.llm is not None:
-            self.llm.drain_inbox()
+        for name, engine, done in models:
+            done.set_result(self._join(name, engine) if engine is not None else self._leave(name))
+        for engine in self.llms.values():
+            engine.drain_inbox()
         if self.embed is not None:
             self.embed.apply_inbox()
+
+    def _join(self, name: str, engine: LLMEngine) -> bool:
+        self.llms[name] = engine
+        engine.scheduler.apply_policy(self.batcher.policy)  # the policy may have changed while it loaded
+        if self.batcher.llm is not None:
+            self.batcher.llm.add(name, engine.scheduler)
+        return True
+
+    def _leave(self, name: str) -> bool:
+        engine = self.llms.get(name)
+        if engine is None or not engine.is_idle():
+            return False
+        del self.llms[name]
+        if self.batcher.llm is not None:
+            self.batcher.llm.remove(name)
+        return True
 
     def fail_expired(self) -> None:
         if self.embed is not None:
             self.embed.fail_expired()
 
-    def llm_step(self) -> bool:
-        assert self.llm is not None
-        deltas = self.llm.step()
+    def llm_step(self, model: str | None = None) -> bool:
+        engine = self.llms[model] if model is not None else self.llm
+        assert engine is not None
+        deltas = engine.step()
         self.num_iterations += 1
-        return bool(deltas) or self.llm.stats.last_batch_seqs > 0
+        return bool(deltas) or engine.stats.last_batch_seqs > 0
 
     def embed_batch(self, work: EmbedWork) -> None:
         assert self.embed is not None

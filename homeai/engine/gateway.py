@@ -1,12 +1,14 @@
 """The serving core as the API sees it: models from the repository, the policy, one device loop.
 
-``Gateway.start`` loads the policy's models (the LLM through the class scheduler, the encoders through
-the embedding service), wires them to one batcher and one device loop, and follows policy swaps.
+``Gateway.start`` loads the policy's models (each LLM with its own KV cache and class scheduler, the
+encoders through the embedding service), wires them to one batcher (the LLMs as one ``ModelSet``, whose
+claims decide whose step runs) and one device loop, and follows policy swaps.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +32,7 @@ from homeai.runtime.device import choose_device, in_passing_thread, process_rss_
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
 from homeai.scheduling.class_scheduler import ClassScheduler
+from homeai.scheduling.model_set import ModelSet
 from homeai.scheduling.step_budget import CALIBRATION_FILE, load_step_cost
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class Gateway:
     embed_service: EmbedService | None = None
     loop: DeviceLoop | None = None
     started_s: float = 0.0
+    device: Any = None  # the torch device every model is on
     rss_at_ready_mb: float = 0.0  # resident memory once every model is loaded (reported in /v1/stats)
     meter: Meter = field(default_factory=Meter)  # every submission below is recorded here, once
 
@@ -83,36 +87,41 @@ class Gateway:
         policy = self.policy
         self.entries = load_entries(cfg.models_dir)
         device = choose_device(cfg.device)
+        self.device = device
         llm_models = sorted({c.model for c in policy.classes.values() if c.kind == "llm"})
         emb_models = sorted({c.model for c in policy.classes.values() if c.kind == "embedding"})
-        if len(llm_models) > 1:
-            raise RequestError(f"one LLM per device for now; the policy names {llm_models}")
-        scheduler: ClassScheduler | None = None
+        wake = threading.Event()  # one event wakes the device loop, whoever posts
         for name in llm_models:
-            entry = self._entry(name)
-            folder = self._folder(entry)
-            # Steps are sized from this device's measured cost (`homeai bench calibrate`), fitted online after.
-            seed = load_step_cost((cfg.cache_dir or default_cache_dir()) / CALIBRATION_FILE)
-            scheduler = ClassScheduler(None, policy, model=name, step_cost=seed)
-            ecfg = EngineConfig(device=str(device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=cfg.kv_cache_mb,
-                                max_model_len=cfg.max_model_len or entry.served_len,
-                                quantization=entry.quantization, compile_decode=cfg.compile_decode,
-                                cache_dir=cfg.cache_dir or default_cache_dir())
-            self.llms[name] = build_llm_engine(folder, ecfg, scheduler)
+            engine = self._build_llm(name, policy)
+            engine.wake = wake
+            self.llms[name] = engine
         for name in emb_models:
             entry = self._entry(name)
             # In a passing thread, as the LLM builder does: only the device thread keeps an OpenMP pool.
             self.embedders[name] = in_passing_thread(Embedder.load, self._folder(entry), device)
-        self.batcher = Batcher(policy, scheduler)
-        llm = next(iter(self.llms.values()), None)
-        self.embed_service = EmbedService(self.batcher, self.embedders, llm.wake if llm is not None else None)
-        self.loop = DeviceLoop(llm=llm, batcher=self.batcher, embed=self.embed_service,
+        self.batcher = Batcher(policy, ModelSet({name: e.scheduler for name, e in self.llms.items()}))
+        self.embed_service = EmbedService(self.batcher, self.embedders, wake)
+        self.loop = DeviceLoop(llm=None, llms=self.llms, batcher=self.batcher, embed=self.embed_service,
                                build_snapshot=self._build_snapshot)
         # The device thread owns the scheduling state: a swap is posted to it, never applied from here.
         self.policy_holder.subscribe(lambda p, _v: self.loop.post_policy(p) if self.loop else None)
         self.loop.start()
         self.started_s = time.time()
         self.rss_at_ready_mb = process_rss_mb()
+
+    def _build_llm(self, name: str, policy: Policy) -> LLMEngine:
+        """One LLM with its own KV pool and class scheduler (which plans the policy's classes of this model)."""
+        cfg = self.config
+        entry = self._entry(name)
+        folder = self._folder(entry)
+        # Steps are sized from this device's measured cost (`homeai bench calibrate`), fitted online after.
+        seed = load_step_cost((cfg.cache_dir or default_cache_dir()) / CALIBRATION_FILE)
+        scheduler = ClassScheduler(None, policy, model=name, step_cost=seed)
+        ecfg = EngineConfig(device=str(self.device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=cfg.kv_cache_mb,
+                            max_model_len=cfg.max_model_len or entry.served_len,
+                            quantization=entry.quantization, compile_decode=cfg.compile_decode,
+                            cache_dir=cfg.cache_dir or default_cache_dir())
+        return build_llm_engine(folder, ecfg, scheduler)
 
     def shutdown(self) -> None:
         if self.loop is not None:

@@ -125,24 +125,7 @@ def parse_policy(text: str, source: str = "<string>", known_models: Collection[s
         locs = [("classes", name, "model") for name in unknown]
         errors = list(unknown.values())
         raise PolicyError(source, errors, _key_lines(text, locs, [p for p, _ in errors]))
-    if known_models is not None and (others := llm_models_beyond_the_first(policy)):
-        locs = [("classes", name, "model") for name in others]
-        errors = list(others.values())
-        raise PolicyError(source, errors, _key_lines(text, locs, [p for p, _ in errors]))
     return policy
-
-
-def llm_models_beyond_the_first(policy: Policy) -> dict[str, tuple[str, str]]:
-    """class name -> (key path, message) for every LLM class naming another LLM than the most important
-    LLM class does: the gateway serves one LLM per device (a policy that names two would pass here and
-    leave one class's requests unservable, or stop the next start)."""
-    llm_classes = sorted(((c.priority, name, c.model) for name, c in policy.classes.items() if c.kind == "llm"))
-    if not llm_classes:
-        return {}
-    _, first_class, served = llm_classes[0]
-    return {name: (f"classes.{name}.model", f"this gateway serves one LLM per device: {served!r} (the model of "
-                                             f"class {first_class!r}); {model!r} cannot be served beside it")
-            for _, name, model in llm_classes if model != served}
 
 
 def _describe(err: Any, data: Any) -> tuple[str, str]:

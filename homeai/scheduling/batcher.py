@@ -20,6 +20,10 @@ Order of preference:
    which may wait behind a batch within its arrival bound (``admission_hold_s``);
 5. otherwise the LLM step.
 
+With several LLMs on the device (``ModelSet``), "the LLM step" is the step of the model ``ModelSet.choose``
+names (``step_model``): the questions above are answered over every model, and the models' claims (the
+same class ranks, targets and shares) decide whose step it is.
+
 Every embedding batch, interactive or background, is cut to what the interactive LLM classes' latency
 targets bear, as the planner cuts LLM steps (``step_budget``): its duration, predicted by a cost model of
 the embedding model fitted online (``seconds = base_s + per_token_s * tokens``), stays within the rest
@@ -42,6 +46,7 @@ from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
+from homeai.scheduling.model_set import ModelSet
 from homeai.scheduling.share_bucket import ShareLedger
 from homeai.scheduling.step_budget import (
     INTERACTIVE_HORIZON_S,
@@ -71,9 +76,11 @@ LLM_STEP = "llm"
 class Batcher:
     """Chooses the device's next piece of work (see the module docstring)."""
 
-    def __init__(self, policy: Policy, llm: StepScheduler | None, clock: Clock | None = None,
+    def __init__(self, policy: Policy, llm: StepScheduler | ModelSet | None, clock: Clock | None = None,
                  embed_cost: StepCostModel | None = None) -> None:
-        self.llm = llm
+        # One scheduler (a test, a bench, ``run_alone``) is a set of one model.
+        self.llm: ModelSet | None = ModelSet.of(llm) if isinstance(llm, StepScheduler) else llm
+        self.step_model: str | None = None  # whose step the last LLM_STEP handed out is
         # Per embedding model: a batch's duration by its tokens, seeded (a calibration, a profile) and
         # fitted on every batch the device runs.
         self._embed_seed = embed_cost or StepCostModel(*DEFAULT_EMBED_COST)
@@ -155,14 +162,20 @@ class Batcher:
                     return work
             if llm_has_work and self.llm is not None and self.llm.interactive_admission_ready(now) \
                     and not (background and self._has_slack(background[0], now)):
-                return LLM_STEP
+                return self._llm_step(now)
             if background and self._has_slack(background[0], now):
                 # With only background LLM work (nothing interactive runs), take turns with it.
                 if not (self._last_was_embed and llm_has_work and not self._running_itl_targets_s()):
                     return self._take(background[0], now)
             if llm_has_work:
-                return LLM_STEP
+                return self._llm_step(now)
             return self._take(background[0], now) if background else None
+
+    def _llm_step(self, now: float) -> str | None:
+        """``LLM_STEP``, with ``step_model`` naming whose step it is by the models' claims."""
+        assert self.llm is not None
+        self.step_model = self.llm.choose(now)
+        return LLM_STEP if self.step_model is not None else None
 
     def _ready_embedding(self, now: float) -> tuple[list[str], list[str]]:
         interactive, background = [], []
@@ -318,6 +331,8 @@ class Batcher:
             if what == LLM_STEP:
                 self._last_llm_end_s = end_s
                 self._last_was_embed = False
+                if self.llm is not None and self.step_model is not None:
+                    self.llm.record(self.step_model, start_s, end_s)
             else:
                 tokens = self._taken_tokens.pop(what, 0)
                 if num_items and duration > 0:  # a batch whose callers all left ran nothing

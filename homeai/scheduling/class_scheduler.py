@@ -35,6 +35,7 @@ slot: it would take what that one waits for, and be preempted for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from homeai.core.block_manager import BlockManager
@@ -117,6 +118,9 @@ class ClassScheduler(StepScheduler):
         self._num_reused: dict[int, int] = {}  # seq id -> prompt tokens its admission found cached
         self.last_interactive_s = float("-inf")  # last time an interactive class had work
         self._interactive_now = False
+        # The interactive targets of the other models on this device (``ModelSet``): a step here delays
+        # their requests too, so it is sized by their targets as by this model's own.
+        self.peer_targets: Callable[[], list[ClassTargets]] | None = None
         self.apply_policy(policy)
 
     # ---- policy ----------------------------------------------------------------------------------
@@ -271,6 +275,13 @@ class ClassScheduler(StepScheduler):
                 return True
             return any(self._admissible(s, now) or _due(s.queue.next_expiry_at(), now)
                        for s in self.classes.values())
+
+    def claim(self, now: float) -> int | None:
+        with self.lock:
+            if self.rejected or any(_due(s.queue.next_expiry_at(), now) for s in self.classes.values()):
+                return 0  # timeouts to answer: nobody should wait on those
+            ranks = [s.rank for s in self.classes.values() if s.num_running or self._admissible(s, now)]
+            return min(ranks, default=None)
 
     def interactive_admission_ready(self, now: float) -> bool:
         with self.lock:
@@ -466,12 +477,21 @@ class ClassScheduler(StepScheduler):
     def step_token_budget(self) -> int:
         """This step's token budget, sized by the interactive classes' latency targets on this device's
         fitted step cost (see ``step_budget``); the configured maximum when no class has targets."""
-        # A retired class's running sequences keep their ITL target; no request of it can arrive any more.
-        targets = [ClassTargets(c.policy.targets.ttft_ms / 1000 if c.policy.targets.ttft_ms and not c.retired else None,
-                                c.policy.targets.itl_ms / 1000 if c.policy.targets.itl_ms else None,
-                                running=c.num_running > 0, active=self._interactive_now)
-                   for c in self.classes.values() if not c.policy.background and (not c.retired or c.num_running)]
+        targets = self._targets(self._interactive_now)
+        if self.peer_targets is not None:
+            targets += self.peer_targets()
         return step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
+
+    def interactive_targets(self, now: float) -> list[ClassTargets]:
+        with self.lock:
+            return self._targets(self.interactive_active(now))
+
+    def _targets(self, active: bool) -> list[ClassTargets]:
+        # A retired class's running sequences keep their ITL target; no request of it can arrive any more.
+        return [ClassTargets(c.policy.targets.ttft_ms / 1000 if c.policy.targets.ttft_ms and not c.retired else None,
+                             c.policy.targets.itl_ms / 1000 if c.policy.targets.itl_ms else None,
+                             running=c.num_running > 0, active=active)
+                for c in self.classes.values() if not c.policy.background and (not c.retired or c.num_running)]
 
     def _room(self, plan: StepPlan) -> int:
         return min(self._budget, self.max_num_batched_tokens) - plan.num_tokens

@@ -22,8 +22,9 @@ class Device(Protocol):
     def fail_expired(self) -> None:
         """Answer every request whose queue timeout passed (REJECT): nobody waits on a dead request."""
 
-    def llm_step(self) -> bool:
-        """Plan, run and apply one LLM step; False when the plan was empty (nothing ran)."""
+    def llm_step(self, model: str | None = None) -> bool:
+        """Plan, run and apply one step of ``model``'s LLM (None: the only one); False when the plan was
+        empty (nothing ran)."""
 
     def embed_batch(self, work: EmbedWork) -> None:
         """Run one embedding batch and answer its requests."""
@@ -39,7 +40,7 @@ def run_once(batcher: Batcher, device: Device) -> bool:
         return False
     start = batcher.clock.now()
     if work == LLM_STEP:
-        if not device.llm_step():
+        if not device.llm_step(batcher.step_model):
             return False
         batcher.record(LLM_STEP, start, batcher.clock.now())
     else:

@@ -15,6 +15,7 @@ from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import StepOutput, StepPlan
 from homeai.policy.schema import Policy
 from homeai.scheduling.clock import Clock
+from homeai.scheduling.step_budget import ClassTargets
 
 
 class StepScheduler(ABC):
@@ -22,6 +23,7 @@ class StepScheduler(ABC):
 
     block_manager: BlockManager
     clock: Clock  # the time every plan is made on (virtual in tests and the simulator)
+    model: str | None = None  # the model whose steps it plans (None: the only one)
 
     def __init__(self) -> None:
         self.seqs: dict[int, Sequence] = {}
@@ -71,6 +73,17 @@ class StepScheduler(ABC):
     def margin_intervals_s(self) -> list[float]:
         """For each running interactive class with a latency margin: the longest the time between two of
         its tokens may be, lower-class work between its steps included ((1 + margin) x its own step)."""
+        return []
+
+    def claim(self, now: float) -> int | None:
+        """The rank of the most important class a step now would serve (0 first; background classes rank
+        after every interactive one, from ``BACKGROUND_RANK``); None: a step now would do nothing. With
+        several models on the device, the model with the best claim steps first (``ModelSet``)."""
+        return 0 if self.can_step(now) else None
+
+    def interactive_targets(self, now: float) -> list[ClassTargets]:
+        """The latency targets of this scheduler's interactive classes: another model's steps on the same
+        device are sized by them too (a voice request waits for whatever step runs when it arrives)."""
         return []
 
     def drain_rejected(self) -> list[Sequence]:

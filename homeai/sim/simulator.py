@@ -170,7 +170,7 @@ class Simulator:
     def fail_expired(self) -> None:
         self._collect_timeouts()
 
-    def llm_step(self) -> bool:
+    def llm_step(self, model: str | None = None) -> bool:
         ran = self._llm_step()
         self._steps += ran
         return ran

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from homeai.cli.policy_cmds import main as policy_main
-from homeai.policy.loader import PolicyError, diff_policies, key_path, load_policy, parse_policy, policy_json_schema
+from homeai.policy.loader import diff_policies, key_path, load_policy, parse_policy, policy_json_schema
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
 
@@ -135,15 +135,11 @@ def test_cli_validate_schema_and_diff(tmp_path: Path, capsys: pytest.CaptureFixt
     assert policy_main(["policy", "diff", str(DEFAULT), str(bad)]) == 1
 
 
-def test_llm_classes_must_share_the_one_served_llm() -> None:
-    """Two LLMs in one policy would pass and leave a class unservable (or stop the next start): refused
-    where it is made, naming the class's model key and its line, as any invalid policy."""
+def test_llm_classes_may_name_several_llms_of_the_repository() -> None:
+    """Several LLMs share the device (each with its own KV cache and class scheduler, one batcher)."""
     text = ("classes:\n"
             "  voice: {kind: llm, model: small, priority: 0}\n"
             "  chat: {kind: llm, model: large, priority: 1}\n"
             "  search: {kind: embedding, model: encoder, priority: 1}\n")
-    with pytest.raises(PolicyError) as info:
-        parse_policy(text, known_models={"small", "large", "encoder"})
-    assert [path for path, _ in info.value.errors] == ["classes.chat.model"]
-    assert "one LLM per device" in info.value.errors[0][1] and info.value.lines == {"classes.chat.model": 3}
-    parse_policy(text.replace("large", "small"), known_models={"small", "encoder"})  # one LLM: fine
+    policy = parse_policy(text, known_models={"small", "large", "encoder"})
+    assert {c.model for c in policy.classes.values() if c.kind == "llm"} == {"small", "large"}
