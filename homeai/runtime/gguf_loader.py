@@ -1,7 +1,7 @@
 """Read a llama-family GGUF file into a Hugging Face config dict and float32 tensors with HF names.
 
-The `gguf` package only parses the container; dequantization is ours (vectorized numpy over whole
-tensors), so we control exactly which formats we accept and fail with the tensor's name otherwise.
+The `gguf` package parses the container and dequantizes (``gguf.quants``); we accept the float types
+and the 32-element block types Q4_0, Q4_1 and Q8_0, and fail with the tensor's name otherwise.
 llama.cpp's converter permutes the rows of q_proj/k_proj (interleaved RoPE); we undo it so the
 weights match the HF layout (rotate-half RoPE).
 """
@@ -9,83 +9,41 @@ weights match the HF layout (rotate-half RoPE).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, quants
 from gguf.gguf_reader import ReaderField
 from tqdm import tqdm
 
 QT = GGMLQuantizationType
-BLOCK_ELEMENTS = 32  # elements per block of Q4_0, Q4_1 and Q8_0
+# gguf.quants reads more (K- and I-quants): accepting them is a decision about what such a model would
+# serve as (homeai.runtime.weights_format), not about reading it.
+SUPPORTED_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q8_0)
 
 
 class GGUFError(ValueError):
     """The GGUF file uses an architecture, tensor or type that we do not support."""
 
 
-# --- dequantization: each function maps (num_blocks, block_bytes) uint8 -> (num_blocks, 32) float32
-
-
-def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    """A float16 scale stored at byte `start` of each block, as a (num_blocks, 1) float32 column."""
-    return blocks[:, start : start + 2].view(np.float16).astype(np.float32)
-
-
-def _dequant_q8_0(blocks: np.ndarray) -> np.ndarray:
-    """Q8_0: f16 scale d, 32 int8 quants: x = d * q."""
-    return _f16(blocks, 0) * blocks[:, 2:].view(np.int8).astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """Low nibbles are elements 0..15 of a block, high nibbles elements 16..31 (ggml layout)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
-
-
-def _dequant_q4_0(blocks: np.ndarray) -> np.ndarray:
-    """Q4_0: f16 scale d, 16 bytes of 4-bit quants: x = d * (q - 8)."""
-    return _f16(blocks, 0) * (_nibbles(blocks[:, 2:]) - 8.0)
-
-
-def _dequant_q4_1(blocks: np.ndarray) -> np.ndarray:
-    """Q4_1: f16 scale d, f16 minimum m, 16 bytes of 4-bit quants: x = d * q + m."""
-    return _f16(blocks, 0) * _nibbles(blocks[:, 4:]) + _f16(blocks, 2)
-
-
-BLOCK_DEQUANT: dict[QT, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
-    QT.Q4_0: (2 + 16, _dequant_q4_0),
-    QT.Q4_1: (2 + 2 + 16, _dequant_q4_1),
-    QT.Q8_0: (2 + 32, _dequant_q8_0),
-}
-SUPPORTED_TYPES = (QT.F32, QT.F16, QT.BF16, *BLOCK_DEQUANT)
+def unsupported_type(name: str, qtype: QT) -> GGUFError:
+    supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+    return GGUFError(f"tensor {name}: GGML type {qtype.name} is not supported (supported: {supported})")
 
 
 def dequantize(raw: np.ndarray, qtype: QT, shape: tuple[int, ...], name: str = "?") -> np.ndarray:
     """Turn a tensor's raw bytes into a float32 array of `shape` (numpy order, i.e. reversed ne)."""
+    if qtype not in SUPPORTED_TYPES:
+        raise unsupported_type(name, qtype)
     data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     num_elements = int(np.prod(shape))
-    if qtype == QT.F32:
-        out = data.view(np.float32)
-    elif qtype == QT.F16:
-        out = data.view(np.float16).astype(np.float32)
-    elif qtype == QT.BF16:
-        out = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    elif qtype in BLOCK_DEQUANT:
-        block_bytes, fn = BLOCK_DEQUANT[qtype]
-        if num_elements % BLOCK_ELEMENTS or data.size != num_elements // BLOCK_ELEMENTS * block_bytes:
-            raise GGUFError(
-                f"tensor {name}: {data.size} bytes do not hold {num_elements} {qtype.name} values"
-            )
-        out = fn(data.reshape(-1, block_bytes)).reshape(-1)
-    else:
-        supported = ", ".join(t.name for t in SUPPORTED_TYPES)
-        raise GGUFError(f"tensor {name}: GGML type {qtype.name} is not supported (supported: {supported})")
-    if out.size != num_elements:
-        raise GGUFError(f"tensor {name}: {out.size} values, expected {num_elements} for shape {shape}")
-    return out.reshape(shape)
+    block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
+    if num_elements % block_elements or data.size != num_elements // block_elements * block_bytes:
+        raise GGUFError(f"tensor {name}: {data.size} bytes do not hold {num_elements} {qtype.name} values")
+    return quants.dequantize(data, qtype).astype(np.float32, copy=False).reshape(shape)
 
 
 # --- names and layout
@@ -231,9 +189,7 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
         """Raise GGUFError naming the tensor and type if ``name``'s GGML type cannot be read."""
         info = self._infos[name]
         if QT(info.tensor_type) not in SUPPORTED_TYPES:
-            supported = ", ".join(t.name for t in SUPPORTED_TYPES)
-            raise GGUFError(f"tensor {info.name}: GGML type {QT(info.tensor_type).name} is not supported "
-                            f"(supported: {supported})")
+            raise unsupported_type(info.name, QT(info.tensor_type))
 
 
 def gguf_tensors(

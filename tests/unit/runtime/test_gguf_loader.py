@@ -1,4 +1,5 @@
-"""Our GGUF dequantization against the `gguf` package's reference, names, un-permutation, config."""
+"""GGUF dequantization through gguf.quants (shapes, the block layouts we rely on, refusals), names,
+un-permutation, config."""
 
 from __future__ import annotations
 
