@@ -76,3 +76,7 @@ class ShareLedger:
         bucket = self._buckets.get(name)
         if bucket is not None:
             bucket.charge(amount, forced)
+
+    def forget(self, name: str) -> None:
+        """Drop ``name``'s bucket (a model that left the device: a later one of that name starts afresh)."""
+        self._buckets.pop(name, None)
