@@ -30,8 +30,8 @@ from homeai.api.observability_routes import observability_router
 from homeai.api.ollama_routes import OllamaController, ollama_root, ollama_root_head
 from homeai.api.openai_routes import OpenAIController
 from homeai.api.origin_guard import web_protection
-from homeai.api.policy_apply import record_running_policy
-from homeai.api.policy_startup import PolicyRefusal, fall_back_to_stored, startup_holder
+from homeai.api.policy_apply import record_running_policy, use_catalog
+from homeai.api.policy_startup import PolicyRefusal, fall_back_to_stored, startup_catalog, startup_holder
 from homeai.api.policy_watcher import start_policy_watcher
 from homeai.api.responses_routes import ResponsesController
 from homeai.api.settings import Settings
@@ -75,6 +75,7 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, gateway.start)
     app.state.gateway = gateway
+    use_catalog(app.state.policy_holder, gateway.catalog)  # new policies: against what is pulled and fits
     log.info("serving %s on http://%s:%d", ", ".join(gateway.served_models()), settings.host, settings.port)
     try:
         yield
@@ -129,7 +130,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     and the server starts on a fallback policy rather than not at all."""
     settings = settings or Settings()
     policy_path = settings.prepare_data_dir()
-    holder, refusal = startup_holder(policy_path)
+    holder, refusal = startup_holder(policy_path, startup_catalog(settings))
     return Litestar(
         route_handlers=ROUTE_HANDLERS,
         **protection(settings),

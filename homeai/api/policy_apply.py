@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 import weakref
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,9 +54,23 @@ class Checked:
     diff: list[str]
 
 
-def repository_models() -> frozenset[str] | None:
-    """The model repository's names, which a class's ``model`` must be one of (None: no repository
-    to check against, and the gateway reports a missing model when it loads)."""
+_catalogs: weakref.WeakKeyDictionary[PolicyHolder, Callable[[], Collection[str] | None]] = \
+    weakref.WeakKeyDictionary()
+
+
+def use_catalog(holder: PolicyHolder, source: Callable[[], Collection[str] | None]) -> None:
+    """Check the holder's new policies against ``source()``: the running gateway's ``ModelCatalog`` (what
+    is pulled, what fits its memory budget), or the one a start builds before the gateway runs."""
+    _catalogs[holder] = source
+
+
+def repository_models(holder: PolicyHolder | None = None) -> Collection[str] | None:
+    """What a class's ``model`` is checked against: the catalog registered for ``holder`` (``use_catalog``),
+    else the model repository's names (None: no repository to check against, and the gateway reports a
+    missing model when it loads)."""
+    source = _catalogs.get(holder) if holder is not None else None
+    if source is not None:
+        return source()
     try:
         return frozenset(load_entries())
     except EntryError as e:
@@ -110,7 +125,7 @@ async def record_running_policy(holder: PolicyHolder, store: Store | None, appli
 def check_policy_text(holder: PolicyHolder, text: str, source: str = "<admin>") -> Checked:
     """Validate ``text`` exactly as ``apply_policy_text`` does (PolicyError with key paths and lines if
     invalid) and compare it with the running policy; swaps, stores and writes nothing."""
-    policy = parse_policy(text, source, repository_models())
+    policy = parse_policy(text, source, repository_models(holder))
     return Checked(policy, text != running_text(holder), diff_policies(holder.current, policy))
 
 
@@ -121,7 +136,7 @@ async def apply_policy_text(holder: PolicyHolder, store: Store | None, text: str
     record it; with ``persist_to``, also write it there (atomically) so that a restart keeps it.
     Text identical to the running one is a no-op; a comment-only edit is applied (its text becomes
     the running text) with an empty diff."""
-    policy = parse_policy(text, source, repository_models())
+    policy = parse_policy(text, source, repository_models(holder))
     async with policy_lock(holder):
         if text == running_text(holder):
             return Applied(changed=False, swap_version=holder.version)

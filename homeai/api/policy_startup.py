@@ -12,14 +12,17 @@ is applied (a fixed file, a PUT or a rollback), which makes the fallback no long
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from homeai.api.policy_apply import remember_text, repository_models
-from homeai.api.settings import DEFAULT_POLICY
+from homeai.api.policy_apply import remember_text, repository_models, use_catalog
+from homeai.api.settings import DEFAULT_POLICY, Settings
 from homeai.policy.loader import PolicyError, parse_policy
 from homeai.policy.store import PolicyHolder
+from homeai.repository.cache import default_cache_dir
+from homeai.repository.entries import EntryError, load_entries
 from homeai.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -52,13 +55,29 @@ class PolicyRefusal:
                 "errors": [{"path": path, "message": msg} for path, msg in self.errors]}
 
 
-def startup_holder(path: Path) -> tuple[PolicyHolder, PolicyRefusal | None]:
-    """The file's policy; if it cannot be read or is invalid, the packaged default and the refusal."""
-    known = repository_models()
+def startup_catalog(settings: Settings) -> Collection[str] | None:
+    """The repository and the device's memory as a start checks the policy against them (what is not pulled
+    yet passes: ``homeai serve`` pulls the policy's models before it loads them)."""
+    from homeai.engine.footprint import build_catalog
+
+    try:
+        entries = load_entries()
+    except EntryError as e:
+        log.warning("cannot read the model repository to check policy models: %s", e)
+        return None
+    return build_catalog(entries, settings.cache_dir or default_cache_dir(), settings.device,
+                         settings.kv_cache_mb, require_pulled=False)
+
+
+def startup_holder(path: Path, catalog: Collection[str] | None = None) -> tuple[PolicyHolder, PolicyRefusal | None]:
+    """The file's policy; if it cannot be read or is invalid, the packaged default and the refusal.
+    ``catalog``: what the models are checked against (default: the repository's names)."""
+    known = catalog if catalog is not None else repository_models()
     try:
         text = path.read_text(encoding="utf-8")
         holder = PolicyHolder(parse_policy(text, str(path), known), source=str(path))
         remember_text(holder, text)
+        use_catalog(holder, lambda: known)
         return holder, None
     except (OSError, UnicodeDecodeError, PolicyError) as e:
         errors = e.errors if isinstance(e, PolicyError) else [("", f"cannot read file: {e}")]
@@ -66,12 +85,13 @@ def startup_holder(path: Path) -> tuple[PolicyHolder, PolicyRefusal | None]:
     default_text = DEFAULT_POLICY.read_text(encoding="utf-8")
     holder = PolicyHolder(parse_policy(default_text, str(DEFAULT_POLICY), known))
     remember_text(holder, default_text)
+    use_catalog(holder, lambda: known)
     return holder, PolicyRefusal(str(path), list(errors), PACKAGED_DEFAULT, holder.version)
 
 
 async def fall_back_to_stored(holder: PolicyHolder, store: Store, refusal: PolicyRefusal) -> None:
     """Swap in the newest stored version that still validates (call before the engine starts)."""
-    known = repository_models()
+    known = repository_models(holder)
     for stored in await store.policy_versions.history(MAX_STORED_TRIED):
         try:
             policy = parse_policy(stored.yaml_text, f"policy version {stored.version}", known)

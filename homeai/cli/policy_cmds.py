@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Collection
 from typing import Any
 
 from homeai.policy.loader import PolicyError, diff_policies, load_policy, policy_json_schema
@@ -20,6 +21,9 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a policy file (exit 1 with every error found)")
     validate.add_argument("file")
+    validate.add_argument("--kv-cache-mb", type=int, default=256,
+                          help="the server's KV cache per LLM, as `homeai serve --kv-cache-mb` (default 256)")
+    validate.add_argument("--device", default=None, help="the device the server runs on (default: cuda if available)")
     validate.set_defaults(func=cmd_validate)
 
     schema = sub.add_parser("schema", help="print the policy JSON Schema (for editors)")
@@ -33,11 +37,15 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate as the server would: against the model repository (a class's model must be in it)."""
+    """Validate as a running server would: against the model repository (a class's model must be in it and
+    pulled) and this device's memory (the models it loads must fit the policy's memory budget)."""
+    from homeai.engine.footprint import build_catalog
+    from homeai.repository.cache import default_cache_dir
     from homeai.repository.entries import EntryError, load_entries
 
     try:
-        known: frozenset[str] | None = frozenset(load_entries())
+        known: Collection[str] | None = build_catalog(load_entries(), default_cache_dir(),
+                                                      getattr(args, "device", None), getattr(args, "kv_cache_mb", 256))
     except EntryError as e:
         print(f"warning: models not checked: {e}", file=sys.stderr)
         known = None

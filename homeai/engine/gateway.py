@@ -21,12 +21,14 @@ from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_id
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
 from homeai.engine.errors import RequestError
+from homeai.engine.footprint import build_catalog
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.metering import Meter, Submission
+from homeai.policy.catalog import ModelCatalog
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
 from homeai.repository.cache import default_cache_dir
-from homeai.repository.entries import ModelEntry, load_entries
+from homeai.repository.entries import EntryError, ModelEntry, load_entries
 from homeai.repository.pull import pull
 from homeai.runtime.device import choose_device, in_passing_thread, process_rss_mb
 from homeai.runtime.embedder import Embedder
@@ -117,7 +119,8 @@ class Gateway:
         # Steps are sized from this device's measured cost (`homeai bench calibrate`), fitted online after.
         seed = load_step_cost((cfg.cache_dir or default_cache_dir()) / CALIBRATION_FILE)
         scheduler = ClassScheduler(None, policy, model=name, step_cost=seed)
-        ecfg = EngineConfig(device=str(self.device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=cfg.kv_cache_mb,
+        kv_cache_mb = policy.model_policy(name).kv_cache_mb or cfg.kv_cache_mb  # the policy's, for this model
+        ecfg = EngineConfig(device=str(self.device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=kv_cache_mb,
                             max_model_len=cfg.max_model_len or entry.served_len,
                             quantization=entry.quantization, compile_decode=cfg.compile_decode,
                             cache_dir=cfg.cache_dir or default_cache_dir())
@@ -130,6 +133,17 @@ class Gateway:
         for engine in self.llms.values():
             if engine.runner.compiled is not None:
                 engine.runner.compiled.stop()
+
+    def catalog(self) -> ModelCatalog | None:
+        """The repository as a new policy is checked against it: what is pulled, and what fits this device's
+        memory budget (None: the repository cannot be read)."""
+        try:
+            entries = load_entries(self.config.models_dir)
+        except EntryError as e:
+            log.warning("cannot read the model repository to check policy models: %s", e)
+            return None
+        return build_catalog(entries, self.config.cache_dir or default_cache_dir(), self.device or self.config.device,
+                             self.config.kv_cache_mb)
 
     def _entry(self, name: str) -> ModelEntry:
         if name not in self.entries:

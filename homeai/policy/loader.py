@@ -6,7 +6,9 @@ silently keep the last one, which is exactly the kind of mistake a policy file m
 
 With ``known_models`` (the model repository's names; the server passes them), a class naming a model
 the repository lacks is reported at ``classes.<name>.model``; the alias pinned to that class's old
-model would otherwise be the only thing reported, at the wrong key.
+model would otherwise be the only thing reported, at the wrong key. A ``ModelCatalog`` in its place
+(the server's, ``homeai policy validate``'s) also refuses, at the same key, a model that is not pulled
+and models that do not fit the memory budget (``homeai.policy.catalog``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from homeai.policy.catalog import ModelCatalog, catalog_problems
 from homeai.policy.schema import SCHEMA_MODELS, Policy
 
 _KNOWN_KEYS = sorted(
@@ -124,6 +127,10 @@ def parse_policy(text: str, source: str = "<string>", known_models: Collection[s
     if unknown:
         locs = [("classes", name, "model") for name in unknown]
         errors = list(unknown.values())
+        raise PolicyError(source, errors, _key_lines(text, locs, [p for p, _ in errors]))
+    if isinstance(known_models, ModelCatalog) and (refused := catalog_problems(policy, known_models)):
+        locs = [("classes", name, "model") for name in refused]
+        errors = list(refused.values())
         raise PolicyError(source, errors, _key_lines(text, locs, [p for p, _ in errors]))
     return policy
 

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from homeai.policy.durations import KeepAlive, parse_keep_alive
+
 Kind = Literal["llm", "embedding"]
 TimeoutAction = Literal["REJECT", "DELAY"]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]*$", max_length=64)]
@@ -25,6 +27,8 @@ MAX_BACKGROUND_SHARE = 0.5
 # A background-only step while the house is active lasts at most this fraction of an interactive class's
 # TTFT target (``arrival_step_fraction`` overrides it per class): a request arriving during it waits that.
 DEFAULT_ARRIVAL_STEP_FRACTION = 0.1
+# The loaded models' weights and KV caches may hold this much of the device's memory unless the policy says
+DEFAULT_MEMORY_FRACTION = 0.8
 
 
 class _Strict(BaseModel):
@@ -175,6 +179,44 @@ class ClassPolicy(_Strict):
         return self.arrival_step_fraction if self.arrival_step_fraction is not None else DEFAULT_ARRIVAL_STEP_FRACTION
 
 
+class ModelPolicy(_Strict):
+    """How one LLM of the model repository stays on the device (``models.<name>``; a model without an
+    entry here loads at start and stays, unless another model's load needs its memory while it is idle)."""
+
+    pinned: bool = Field(False, description="loaded at start and never unloaded: neither keep_alive, a client's "
+                         "keep_alive nor another model's load takes it off the device (voice's model)")
+    load: Literal["start", "on_demand"] = Field(
+        "start", description="start: loaded with the server; on_demand: loaded by its first request, which waits "
+        "in its class meanwhile (the wait counts against its queue timeout)")
+    keep_alive: KeepAlive = Field(
+        -1, description="how long the model stays loaded once idle, as Ollama's keep_alive: a duration (\"5m\", "
+        "\"1h30m\") or seconds; 0: unloaded as soon as it is idle; negative: stays. A client's keep_alive "
+        "overrides it for that model, except for a pinned one")
+    kv_cache_mb: int | None = Field(None, ge=1,
+                                    description="this model's KV cache (default: the server's --kv-cache-mb)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelPolicy:
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        try:
+            seconds = parse_keep_alive(self.keep_alive)
+        except ValueError as exc:
+            problems.append((("keep_alive",), str(exc), self.keep_alive))
+            seconds = None
+        if self.pinned and self.load != "start":
+            problems.append((("load",), "a pinned model loads at start", self.load))
+        if self.pinned and seconds is not None:
+            problems.append((("keep_alive",), "a pinned model stays loaded: keep_alive does not apply to it",
+                             self.keep_alive))
+        _fail("ModelPolicy", problems)
+        return self
+
+    @property
+    def keep_alive_s(self) -> float | None:
+        """Seconds the model stays once idle (0: unloaded when idle); None: it stays."""
+        return None if self.pinned else parse_keep_alive(self.keep_alive)
+
+
 class UserPolicy(_Strict):
     """A household member (or a service such as the indexer): fairness weight and allowed classes."""
 
@@ -200,13 +242,35 @@ class GlobalLimits(_Strict):
     max_num_seqs: int = Field(64, ge=1, description="running sequences, all classes")
     kv_cache_fraction: float | None = Field(None, gt=0.0, le=1.0, description="of free device memory")
     kv_cache_mb: int | None = Field(None, ge=1)
+    # What the loaded models (weights and KV caches of every LLM, the encoders' weights) may hold together
+    memory_mb: int | None = Field(None, ge=1, description="memory budget of the loaded models, in MB")
+    memory_fraction: float | None = Field(
+        None, gt=0.0, le=1.0, description=f"memory budget as a fraction of the device's memory (GPU memory, or "
+        f"RAM on the CPU); default {DEFAULT_MEMORY_FRACTION} when neither this nor memory_mb is set")
 
     @model_validator(mode="after")
     def _one_kv_size(self) -> GlobalLimits:
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
         if self.kv_cache_fraction is not None and self.kv_cache_mb is not None:
-            _fail("GlobalLimits", [(("kv_cache_mb",), "set kv_cache_fraction or kv_cache_mb, not both",
-                                    self.kv_cache_mb)])
+            problems.append((("kv_cache_mb",), "set kv_cache_fraction or kv_cache_mb, not both", self.kv_cache_mb))
+        if self.memory_fraction is not None and self.memory_mb is not None:
+            problems.append((("memory_mb",), "set memory_fraction or memory_mb, not both", self.memory_mb))
+        _fail("GlobalLimits", problems)
         return self
+
+    def memory_budget_bytes(self, device_memory_bytes: int | None) -> int | None:
+        """The budget in bytes (None: memory_fraction of a device whose memory is unknown)."""
+        if self.memory_mb is not None:
+            return self.memory_mb * 2**20
+        if device_memory_bytes is None:
+            return None
+        return int((self.memory_fraction or DEFAULT_MEMORY_FRACTION) * device_memory_bytes)
+
+    def describe_budget(self) -> str:
+        if self.memory_mb is not None:
+            return "scheduler.memory_mb"
+        return "scheduler.memory_fraction" if self.memory_fraction is not None else \
+            f"the default memory_fraction {DEFAULT_MEMORY_FRACTION}"
 
 
 class Policy(_Strict):
@@ -217,10 +281,16 @@ class Policy(_Strict):
     users: dict[Name, UserPolicy] = Field(default_factory=dict)
     aliases: dict[str, AliasPolicy] = Field(default_factory=dict)
     scheduler: GlobalLimits = Field(default_factory=GlobalLimits)
+    models: dict[str, ModelPolicy] = Field(default_factory=dict, description="residency of the LLMs by name")
 
     @model_validator(mode="after")
     def _cross_check(self) -> Policy:
         problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        llms = {c.model for c in self.classes.values() if c.kind == "llm"}
+        for mname in self.models:
+            if mname not in llms:
+                msg = f"no llm class names model {mname!r} (llm models: {', '.join(sorted(llms)) or 'none'})"
+                problems.append((("models", mname), msg, mname))
         for uname, user in self.users.items():
             for i, cname in enumerate(user.allowed_classes):
                 if cname != "*" and cname not in self.classes:
@@ -256,6 +326,16 @@ class Policy(_Strict):
         alias = self.aliases.get(model_name)
         return alias.class_name if alias is not None else None
 
+    def model_policy(self, name: str) -> ModelPolicy:
+        """How the LLM ``name`` stays on the device (the defaults when the policy does not say)."""
+        return self.models.get(name) or ModelPolicy()
+
+    def llm_models(self) -> list[str]:
+        """The LLMs the classes name, the most important class's first."""
+        ordered = sorted((c.priority + (1000 if c.background else 0), c.model)
+                         for c in self.classes.values() if c.kind == "llm")
+        return list(dict.fromkeys(model for _, model in ordered))
+
     def user(self, name: str) -> UserPolicy:
         """A user's policy; unknown users get the ``default`` user's, else the built-in defaults."""
         return self.users.get(name) or self.users.get("default") or UserPolicy()
@@ -266,5 +346,5 @@ def _no_class(name: str, policy: Policy) -> str:
 
 
 SCHEMA_MODELS: tuple[type[BaseModel], ...] = (
-    Policy, ClassPolicy, QueuePolicy, Fairness, Targets, UserPolicy, AliasPolicy, GlobalLimits,
+    Policy, ClassPolicy, QueuePolicy, Fairness, Targets, UserPolicy, AliasPolicy, GlobalLimits, ModelPolicy,
 )
