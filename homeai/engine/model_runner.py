@@ -109,11 +109,11 @@ class ModelRunner:
                 meta.prefills.append(PrefillChunk(token_start, n, None, None))
                 continue
             ctx = start + n
-            p = torch.arange(ctx)
+            ctx_pos = torch.arange(ctx)
             tbl = torch.tensor(table, dtype=torch.long)
-            ctx_slots = tbl[p // bs] * bs + p % bs
+            ctx_slots = tbl[ctx_pos // bs] * bs + ctx_pos % bs
             q_pos = torch.arange(start, ctx).unsqueeze(1)
-            mask = p.unsqueeze(0) <= q_pos  # [n, ctx]
+            mask = ctx_pos.unsqueeze(0) <= q_pos  # [n, ctx]
             meta.prefills.append(PrefillChunk(token_start, n, ctx_slots.to(dev), mask.to(dev)))
         return BatchInputs(
             input_ids=torch.tensor(ids, dtype=torch.long).to(dev),
