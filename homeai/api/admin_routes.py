@@ -60,11 +60,11 @@ async def _yaml_text(request: Request[Any, Any, Any]) -> str | None:
 
 
 def _holder(request: Request[Any, Any, Any]) -> PolicyHolder:
-    return request.app.state.policy_holder  # type: ignore[no-any-return]
+    return request.app.state.policy_holder
 
 
 def _store(request: Request[Any, Any, Any]) -> Store | None:
-    return request.app.state.get("store")  # type: ignore[no-any-return]
+    return request.app.state.get("store")
 
 
 def _persist_path(request: Request[Any, Any, Any]) -> Path | None:

@@ -42,7 +42,7 @@ def _collections(request: Request[Any, Any, Any]) -> Collections:
     store = request.app.state.get("store")
     if store is None:
         raise ServiceUnavailable("collections are not available (no store, or still starting)")
-    return store.collections  # type: ignore[no-any-return]
+    return store.collections
 
 
 def _view(access: CollectionAccess) -> CollectionView:

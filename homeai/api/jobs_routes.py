@@ -50,7 +50,7 @@ def _manager(request: Request[Any, Any, Any]) -> JobManager:
     manager = request.app.state.get("jobs")
     if manager is None:
         raise ServiceUnavailable("jobs are not available (no store, or still starting)", headers={"Retry-After": "5"})
-    return manager  # type: ignore[no-any-return]
+    return manager
 
 
 def _iso(value: Any) -> str | None:

@@ -233,9 +233,9 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
                 ours = asyncio.run(run_ours(engine, prompts, lengths, c))
                 loop.shutdown()
                 theirs = in_passing_thread(run_transformers, hf, pad_id, prompts, lengths, c)
-                row = {"workload": kind, "concurrency": c, "num_requests": n, "output_tokens": sum(lengths),
-                       "max_output_tokens": max(lengths), "ours": ours.summary(),
-                       "transformers": theirs.summary()}
+                row: dict[str, Any] = {
+                    "workload": kind, "concurrency": c, "num_requests": n, "output_tokens": sum(lengths),
+                    "max_output_tokens": max(lengths), "ours": ours.summary(), "transformers": theirs.summary()}
                 row["ratio"] = row["ours"]["tok_s"] / row["transformers"]["tok_s"]
                 out[f"ratio_{kind}_c{c}"] = row["ratio"]
                 out["configs"].append(row)

@@ -436,7 +436,7 @@ async def household_run(target: Target, window_s: float, background: int) -> Hou
             await target.request("summarize", SUMMARY_PROMPT_TOKENS, SUMMARY_MAX_TOKENS, into=records)
 
     start = time.perf_counter()
-    tasks = [asyncio.create_task(summaries()) for _ in range(background)]
+    tasks: list[asyncio.Task[Any]] = [asyncio.create_task(summaries()) for _ in range(background)]
     for offset, cls, prompt_tokens, max_tokens in household_schedule(window_s):
         await sleep_until(start + offset)
         tasks.append(asyncio.create_task(target.request(cls, prompt_tokens, max_tokens, into=records)))

@@ -59,7 +59,7 @@ def num_fds(pid: int) -> int:
 
 def metered_counts(metrics_text: str) -> tuple[int, dict[str, dict[str, int]]]:
     """(requests started, {class: {status: finished}}) from the Prometheus text."""
-    started, finished = 0, {}
+    started, finished = 0, dict[str, dict[str, int]]()
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             if sample.name == "homeai_requests_started_total":

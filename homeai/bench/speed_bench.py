@@ -168,7 +168,8 @@ def transformers_rates(source: Path | str, device: torch.device, dtype: torch.dt
                           num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
                           num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
                           max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=True)
-        model = LlamaForCausalLM(hf_cfg).to(dtype)
+        # transformers wraps PreTrainedModel.to with functools.wraps, which mypy calls as if unbound
+        model = LlamaForCausalLM(hf_cfg).to(dtype)  # type: ignore[arg-type]
         model.load_state_dict(dict(RandomWeights(c).items()), strict=False)
     else:
         model = LlamaForCausalLM.from_pretrained(source, dtype=dtype)

@@ -110,8 +110,9 @@ def _rows(keys: list[KeyInfo], with_revoked: bool) -> list[tuple[str, ...]]:
     header = ("NAME", "PREFIX", "USER", "CLASS", "ADMIN", "SCOPES", "CREATED") + (("REVOKED",) if with_revoked else ())
     rows = [header]
     for k in keys:
-        row = (k.name, k.prefix + "…", k.user, k.default_class or "-", "yes" if k.is_admin else "no",
-               ",".join(k.scopes) or "-", k.created_at.strftime("%Y-%m-%d %H:%M"))
+        row: tuple[str, ...] = (k.name, k.prefix + "…", k.user, k.default_class or "-",
+                                "yes" if k.is_admin else "no", ",".join(k.scopes) or "-",
+                                k.created_at.strftime("%Y-%m-%d %H:%M"))
         if with_revoked:
             row += (k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else "-",)
         rows.append(row)

@@ -103,7 +103,8 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str,
                     tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Apply the model's own chat template (from its metadata) and return token ids; ``tools`` (OpenAI
     function definitions) only for a template with a tools section (see ``template_has_tools``)."""
-    ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, tools=[*tools] if tools else None, add_generation_prompt=True,
+                                        tokenize=True)
     return list(ids)
 
 

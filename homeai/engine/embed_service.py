@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,25 @@ from homeai.scheduling.batcher import Batcher, EmbedWork
 from homeai.scheduling.class_queue import QueuedItem
 
 log = logging.getLogger(__name__)
+
+
+def token_rows(embedder: Embedder, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
+    """The token ids of each input: texts are tokenized, token rows checked against the model's length.
+
+    One kind per request: a text among token rows is refused, not read as a row of characters.
+    """
+    if not inputs:
+        raise RequestError("input is empty")
+    texts = [x for x in inputs if isinstance(x, str)]
+    if texts and len(texts) < len(inputs):
+        raise RequestError("input mixes texts and token ids; send one kind")
+    if texts:
+        return embedder.tokenize(texts)
+    rows = [list(x) for x in inputs if not isinstance(x, str)]
+    for i, row in enumerate(rows):
+        if not row or len(row) > embedder.max_length:
+            raise RequestError(f"input[{i}] has {len(row)} tokens; allowed 1..{embedder.max_length}")
+    return rows
 
 
 @dataclass(slots=True)
@@ -61,21 +81,10 @@ class EmbedService:
             raise RequestError(f"embedding model {cp.model!r} of class {class_name!r} is not loaded")
         return emb
 
-    def tokenize(self, embedder: Embedder, inputs: list[str] | list[list[int]]) -> list[list[int]]:
-        if not inputs:
-            raise RequestError("input is empty")
-        if all(isinstance(x, str) for x in inputs):
-            return embedder.tokenize(list(inputs))  # type: ignore[arg-type]
-        rows = [list(x) for x in inputs]  # type: ignore[arg-type]
-        for i, row in enumerate(rows):
-            if not row or len(row) > embedder.max_length:
-                raise RequestError(f"input[{i}] has {len(row)} tokens; allowed 1..{embedder.max_length}")
-        return rows
-
     async def embed(self, class_name: str, inputs: list[str] | list[list[int]], user: str = "default",
                     priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
         embedder = self.model_for(class_name, self.batcher.policy)
-        rows = self.tokenize(embedder, inputs)
+        rows = token_rows(embedder, inputs)
         loop = asyncio.get_running_loop()
         items = [QueuedItem(f"emb-{next(self._ids)}", user, priority_level=priority_level,
                             timeout_override_us=timeout_us, cost=len(row),

@@ -51,7 +51,7 @@ def build_stats(recorder: MetricsRecorder, snapshot: dict[str, Any] | None, poli
         classes[name] = entry
         for user, counter in (engine.get("fairness") or {}).items():
             fairness_by_user.setdefault(user, {})[name] = float(counter)
-    users = recorder.user_rates()
+    users: dict[str, dict[str, Any]] = recorder.user_rates()  # rates, plus fairness counters below
     for user in fairness_by_user.keys() - users.keys():
         users[user] = {"tokens_per_s_10s": 0.0, "tokens_per_s_60s": 0.0, "prompt_tokens_per_s_60s": 0.0,
                        "generated_tokens": 0, "prompt_tokens": 0}

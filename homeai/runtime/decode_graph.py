@@ -26,6 +26,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -192,7 +193,7 @@ class CompiledDecode:
             use_cache_dir(cache_dir)
         _raise_recompile_limits()
         mode = "reduce-overhead" if self.device.type == "cuda" else None
-        options = {"guard_filter_fn": _skip_guards_on_the_model}
+        options: dict[str, str | int | bool | Callable[..., Any]] = {"guard_filter_fn": _skip_guards_on_the_model}
         self._compiled = torch.compile(decode_forward, dynamic=False, mode=mode, options=options)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

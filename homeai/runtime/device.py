@@ -59,7 +59,7 @@ def release_free_memory() -> None:
 
     name = ctypes.util.find_library("c")
     try:
-        ctypes.CDLL(name).malloc_trim(0)  # type: ignore[arg-type]
+        ctypes.CDLL(name).malloc_trim(0)
     except (OSError, AttributeError, TypeError):
         pass
 

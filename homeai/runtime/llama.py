@@ -107,11 +107,11 @@ class LlamaModel(torch.nn.Module):
         self.layers: list[LayerWeights] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            bias = [weights.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            q_bias, k_bias, v_bias = (weights.get(p + f"self_attn.{n}_proj.bias") for n in "qkv")
             qkv_bias = None
-            if all(b is not None for b in bias):
-                qkv_bias = torch.cat([_interleave(bias[0], cfg.num_heads), _interleave(bias[1], cfg.num_kv_heads),
-                                      bias[2]]).to(device, dtype)
+            if q_bias is not None and k_bias is not None and v_bias is not None:
+                qkv_bias = torch.cat([_interleave(q_bias, cfg.num_heads), _interleave(k_bias, cfg.num_kv_heads),
+                                      v_bias]).to(device, dtype)
             qkv = torch.cat([_interleave(weights[p + "self_attn.q_proj.weight"], cfg.num_heads),
                              _interleave(weights[p + "self_attn.k_proj.weight"], cfg.num_kv_heads),
                              weights[p + "self_attn.v_proj.weight"]])
@@ -220,6 +220,7 @@ class LlamaModel(torch.nn.Module):
             if self.paged_attention is not None and meta.decode_lens is not None:
                 o = self.paged_attention(qd.reshape(bd, h, d), cache.kv, li, meta.decode_slots, meta.decode_lens)
             else:
+                assert meta.decode_slots is not None  # the runner sets it with decode_token_idx
                 ctx = cache.gather(li, meta.decode_slots)  # [Bd, L, 2, kvh, d]
                 o = F.scaled_dot_product_attention(qd, ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2),
                                                    attn_mask=meta.decode_mask)

@@ -215,8 +215,9 @@ def top_logprobs(logprobs: Tensor, params: list[SamplingParams]) -> dict[int, li
         return {}
     k = max(params[i].logprobs or 0 for i in rows)
     index = torch.tensor(rows, dtype=torch.long, device=logprobs.device)
-    values, ids = logprobs.index_select(0, index).topk(k, dim=-1)
-    values, ids = values.cpu().tolist(), ids.cpu().tolist()
+    top = logprobs.index_select(0, index).topk(k, dim=-1)
+    values: list[list[float]] = top.values.cpu().tolist()
+    ids: list[list[int]] = top.indices.cpu().tolist()
     return {row: list(zip(ids[j][: params[row].logprobs], values[j][: params[row].logprobs], strict=True))
             for j, row in enumerate(rows)}
 

@@ -178,7 +178,8 @@ class Batcher:
         return LLM_STEP if self.step_model is not None else None
 
     def _ready_embedding(self, now: float) -> tuple[list[str], list[str]]:
-        interactive, background = [], []
+        interactive: list[str] = []
+        background: list[str] = []
         max_s = self._batch_limit_s(now)
         for name, q in sorted(self.embed_queues.items(), key=lambda kv: kv[1].policy.priority):
             ready = q.next_ready_at(now, max_cost=self._max_tokens(q, max_s))

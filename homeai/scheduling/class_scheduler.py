@@ -618,7 +618,7 @@ class ClassScheduler(StepScheduler):
             item = state.queue.peek_for_admission(now, state.vtc.pick)
             if item is None:
                 return
-            seq: Sequence = item.payload
+            seq = item.payload  # a Sequence: what the engine queues in an LLM class
             cached = self.block_manager.lookup(seq)  # a prefix whose KV is cached is not computed again
             n = min(seq.num_pending_tokens - cached, room(cached))
             if n <= 0 or seq.seq_id in plan.preempted or state.rank >= self._blocked_rank:

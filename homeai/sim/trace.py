@@ -27,7 +27,7 @@ class TraceRequest:
 
 
 def _poisson(rng: random.Random, rate_per_s: float, horizon_s: float, start_s: float = 0.0) -> list[float]:
-    t, out = start_s, []
+    t, out = start_s, list[float]()
     while True:
         t += rng.expovariate(rate_per_s)
         if t >= horizon_s:
