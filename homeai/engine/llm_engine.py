@@ -17,7 +17,7 @@ import itertools
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +98,7 @@ class LLMEngine:
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        class_name: str = "default", user: str = "default", priority_level: int | None = None,
-                       timeout_us: int | None = None) -> AsyncIterator[TokenDelta]:
+                       timeout_us: int | None = None) -> AsyncGenerator[TokenDelta, None]:
         """Stream deltas until the request finishes; leaving early (disconnect) aborts it. A request its
         queue refuses raises QueueFullError (HTTP 429) where the first delta is awaited."""
         seq = self.make_sequence(prompt_token_ids, params, request_id, class_name, user, priority_level,

@@ -83,7 +83,7 @@ class Meter:
     def __init__(self, sink: RequestSink | None = None) -> None:
         self.sink = sink
 
-    async def stream(self, sub: Submission, deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:
+    async def stream(self, sub: Submission, deltas: AsyncIterator[TokenDelta]) -> AsyncGenerator[TokenDelta, None]:
         """``deltas`` as they come, recorded; the record ends at the final (or first error) delta, so a
         caller that stops reading there leaves nothing open. Closing early aborts the engine stream."""
         self._call("request_started", sub.request_id, sub.kind, sub.class_name, sub.user, sub.model,
