@@ -16,7 +16,13 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from homeai.engine.errors import EmbedBatchError, QueueTimeoutError, RequestError
+from homeai.engine.errors import (
+    EmbedBatchError,
+    ModelCapacityError,
+    ModelLoadError,
+    QueueTimeoutError,
+    RequestError,
+)
 from homeai.engine.gateway import UnknownModelError
 from homeai.scheduling.class_queue import QueueFullError
 from homeai.scheduling.class_scheduler import UnknownClassError
@@ -82,6 +88,10 @@ def to_api_error(exc: BaseException) -> ApiError:
         return TooManyRequests(str(exc), code="queue_full", headers=retry_after(exc.retry_after_s))
     if isinstance(exc, QueueTimeoutError):
         return ServiceUnavailable(str(exc), code="queue_timeout", headers=retry_after(1))
+    if isinstance(exc, ModelCapacityError):  # never answered by evicting a pinned model: the client retries
+        return ServiceUnavailable(str(exc), param="model", code="model_does_not_fit", headers=retry_after(30))
+    if isinstance(exc, ModelLoadError):
+        return ServiceUnavailable(str(exc), param="model", code="model_load_failed", headers=retry_after(5))
     if isinstance(exc, EmbedBatchError):  # the batch failed on the device: say why, not just its type
         return ApiError(str(exc), status_code=500, code="engine_error")
     if isinstance(exc, UnknownModelError):

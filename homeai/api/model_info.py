@@ -90,13 +90,25 @@ def model_tags(gateway: Gateway) -> list[dict[str, Any]]:
     return [model_details(gateway, name) for name in dict.fromkeys(names)]
 
 
+FOREVER = "2318-01-01T00:00:00Z"  # what Ollama shows for a model that never expires (keep_alive -1)
+
+
 def model_ps(gateway: Gateway) -> list[dict[str, Any]]:
-    """Every served model stays loaded: none expires, and all of it sits on the device."""
+    """The models on the device now: the loaded LLMs (with when each leaves: its keep_alive after its last
+    request; never for a pinned one) and the encoders (always loaded). ``size`` is what it holds in memory
+    (weights and KV cache), ``size_vram`` the same on a GPU."""
     on_gpu = _on_gpu(gateway)
+    residency = gateway.pool.snapshot() if gateway.pool is not None else {}
     out = []
     for name in gateway.served_models():
+        res = residency.get(name)
+        if name not in gateway.embedders and (res is None or not res["loaded"]):
+            continue
         details = model_details(gateway, name)
-        out.append({**details, "expires_at": "2999-01-01T00:00:00Z", "size_vram": details["size"] if on_gpu else 0})
+        size = res["resident_bytes"] if res is not None else details["size"]
+        expires = FOREVER if res is None or res["expires_at"] is None else \
+            datetime.fromtimestamp(res["expires_at"], UTC).isoformat().replace("+00:00", "Z")
+        out.append({**details, "size": size, "expires_at": expires, "size_vram": size if on_gpu else 0})
     return out
 
 

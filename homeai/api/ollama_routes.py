@@ -38,6 +38,7 @@ from homeai.api.serving import (
     default_max_tokens,
     gateway_of,
     request_context,
+    resident,
     route_request,
     run_embedding,
     text_prompt_ids,
@@ -48,6 +49,7 @@ from homeai.api.tool_calls import ToolCall, ToolCallParser, parse_all
 from homeai.api.tools import answer_shape, assistant_calls_message, tool_result_message
 from homeai.core.types import Constraint, FinishReason, SamplingParams
 from homeai.engine.gateway import Gateway, Route
+from homeai.policy.durations import parse_keep_alive
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose endpoints and fields we follow
 
@@ -68,12 +70,16 @@ def sampling_params(options: Options | None, max_tokens: int) -> SamplingParams:
 
 
 async def routed(request: Request[Any, Any, Any], data: ChatRequest | GenerateRequest | EmbedRequest |
-                 EmbeddingsRequest, kind: str) -> tuple[RequestContext, Gateway, Route]:
-    """Who asks, the gateway and the route; ``options.num_ctx`` above the model's context is a 400 (a
-    smaller one is served in the model's own context)."""
+                 EmbeddingsRequest, kind: str, load: bool = True) -> tuple[RequestContext, Gateway, Route]:
+    """Who asks, the gateway and the route, with an LLM on the device (``load``; it stays for the request's
+    ``keep_alive`` after it); ``options.num_ctx`` above the model's context is a 400 (a smaller one is
+    served in the model's own context)."""
     ctx = await request_context(request)
     gateway = gateway_of(request)
     route = route_request(gateway, data.model, ctx, kind)
+    if kind == "llm" and load:
+        await resident(gateway, route, ctx, parse_keep_alive(data.keep_alive) if data.keep_alive is not None
+                       else "policy")
     num_ctx = data.options.num_ctx if data.options is not None else None
     if num_ctx is not None:
         limit = gateway.llm(route.model).max_model_len if kind == "llm" else gateway.embedders[route.model].max_length
@@ -179,9 +185,17 @@ async def generate_reply(request: Request[Any, Any, Any], data: ChatRequest | Ge
     return ndjson_stream(lines())
 
 
-def loaded(model: str, chat: bool) -> dict[str, Any]:
-    """What Ollama answers to a request without a prompt: the model is loaded (ours always are)."""
-    body: dict[str, Any] = {"model": model, "created_at": now_iso(), "done": True, "done_reason": "load"}
+async def load_or_unload(request: Request[Any, Any, Any], data: ChatRequest | GenerateRequest,
+                         chat: bool) -> dict[str, Any]:
+    """What Ollama does with a request without a prompt: loads the model, or unloads it when ``keep_alive``
+    is 0 (a pinned model stays: it says "load")."""
+    unload = data.keep_alive is not None and parse_keep_alive(data.keep_alive) == 0
+    ctx, gateway, route = await routed(request, data, "llm", load=not unload)
+    reason = "load"
+    if unload and not gateway.policy.model_policy(route.model).pinned:
+        gateway.keep_alive(route.model, 0, unload_now=True)
+        reason = "unload"
+    body: dict[str, Any] = {"model": data.model, "created_at": now_iso(), "done": True, "done_reason": reason}
     return {**body, "message": {"role": "assistant", "content": ""}} if chat else {**body, "response": ""}
 
 
@@ -191,9 +205,9 @@ class OllamaController(Controller):
 
     @post("/chat", status_code=200, summary="Chat (NDJSON lines unless stream is false)")
     async def chat(self, request: Request[Any, Any, Any], data: ChatRequest) -> Response[Any]:
-        ctx, gateway, route = await routed(request, data, "llm")
         if not data.messages:
-            return Response(loaded(data.model, chat=True))
+            return Response(await load_or_unload(request, data, chat=True))
+        ctx, gateway, route = await routed(request, data, "llm")
         if any(m.images for m in data.messages):
             raise BadRequest(f"model {route.model!r} does not take images")
         messages = ollama_messages(data)
@@ -207,9 +221,9 @@ class OllamaController(Controller):
 
     @post("/generate", status_code=200, summary="Completion of a prompt (NDJSON lines unless stream is false)")
     async def generate(self, request: Request[Any, Any, Any], data: GenerateRequest) -> Response[Any]:
-        ctx, gateway, route = await routed(request, data, "llm")
         if not data.prompt and not data.context:
-            return Response(loaded(data.model, chat=False))
+            return Response(await load_or_unload(request, data, chat=False))
+        ctx, gateway, route = await routed(request, data, "llm")
         if data.images:
             raise BadRequest(f"model {route.model!r} does not take images")
         if data.raw:
@@ -251,7 +265,7 @@ class OllamaController(Controller):
     async def list_tags(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
         return {"models": model_tags(gateway_of(request))}
 
-    @get("/ps", summary="Models loaded now (all served models stay loaded)")
+    @get("/ps", summary="Models loaded now, and when each expires (its keep_alive)")
     async def ps(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
         return {"models": model_ps(gateway_of(request))}
 

@@ -1,38 +1,35 @@
 """Ollama request bodies as msgspec Structs (responses are built as plain dicts, as Ollama sends them).
 
 Like Ollama, unknown fields and options are accepted and ignored, so Home Assistant, Open WebUI and
-the ``ollama`` package can send whatever their version sends. ``think``, ``keep_alive`` and ``num_ctx``
-have no effect (the models stay loaded and the context is the served one), but a value Ollama would
-refuse is refused here too: a ``keep_alive`` that is neither a Go duration ("5m", "1h30m", "0", "-1m")
-nor a number of seconds, and (in the routes, which know the model) a ``num_ctx`` above the model's
-context. ``tools`` and ``format`` ("json" or a JSON Schema) constrain the answer (``homeai.api.tools``,
-``structured``).
+the ``ollama`` package can send whatever their version sends. ``think`` and ``num_ctx`` have no effect
+(the context is the served one); ``keep_alive`` says how long the LLM stays loaded after the request
+(``homeai.engine.model_pool``). A value Ollama would refuse is refused here too: a ``keep_alive`` that is
+neither a Go duration ("5m", "1h30m", "0", "-1m") nor a number of seconds, and (in the routes, which
+know the model) a ``num_ctx`` above the model's context. ``tools`` and ``format`` ("json" or a JSON
+Schema) constrain the answer (``homeai.api.tools``, ``structured``).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
 from homeai.api.openai_schemas import MinP, RepetitionPenalty, Seed, Temperature, TopK, TopP
+from homeai.policy.durations import parse_keep_alive
 
 KeepAlive = str | int | float | None
-# Go's time.ParseDuration (signed, decimal numbers each with a unit; "0" alone needs none), or a number
-# of seconds written as a string ("-1", "300": Ollama itself refuses those, some clients send them)
-_GO_DURATION = re.compile(r"[-+]?(0|((\d+(\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h))+|\d+(\.\d*)?)")
 
 
 def check_keep_alive(value: KeepAlive) -> None:
     """ValueError unless ``value`` is what Ollama takes: a Go duration string or a number of seconds."""
-    if isinstance(value, str) and not _GO_DURATION.fullmatch(value.strip()):
-        raise ValueError(f"keep_alive must be a duration such as \"5m\" or \"1h30m\", or a number of seconds "
-                         f"(negative: stay loaded); got {value!r}")
+    if value is not None:
+        parse_keep_alive(value)
 
 
 class _KeepsAlive(Struct, kw_only=True):
-    """A request with Ollama's ``keep_alive`` (checked, then ignored: every served model stays loaded)."""
+    """A request with Ollama's ``keep_alive``: how long its LLM stays loaded after it (0: unloaded once
+    idle; negative: stays; a pinned model always stays)."""
 
     keep_alive: KeepAlive = None
 

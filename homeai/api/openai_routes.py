@@ -45,6 +45,7 @@ from homeai.api.serving import (
     default_max_tokens,
     gateway_of,
     request_context,
+    resident,
     route_request,
     run_embedding,
     text_prompt_ids,
@@ -99,6 +100,7 @@ async def start(request: Request[Any, Any, Any], data: Any, kind: str, max_token
     ctx = await request_context(request, data.user)
     gateway = gateway_of(request)
     route = route_request(gateway, data.model, ctx, "llm")
+    await resident(gateway, route, ctx)
     prompt_ids = await prompt(gateway, route)
     params = sampling_params(data, default_max_tokens(gateway, route, prompt_ids, max_tokens))
     check_prompt_fits(gateway, route, prompt_ids, params.max_tokens, *fields)

@@ -94,6 +94,26 @@ def route_request(gateway: Gateway, model: str | None, ctx: RequestContext, kind
     return route
 
 
+async def resident(gateway: Gateway, route: Route, ctx: RequestContext, keep_alive_s: float | None | str = "policy") \
+        -> None:
+    """Wait until the route's LLM is on the device (an on-demand or unloaded model loads now, off the
+    device thread). The wait counts against the request's queue timeout, as a wait in its class queue
+    would (REJECT; under DELAY it waits for the load); a model that cannot fit or failed to load is a 503
+    naming it. The model stays ``keep_alive_s`` after the request (Ollama's; "policy": the policy's)."""
+    default = gateway.policy.model_policy(route.model).keep_alive_s
+    gateway.keep_alive(route.model, default if keep_alive_s == "policy" else keep_alive_s)  # type: ignore[arg-type]
+    qp = gateway.policy.classes[route.class_name].queue_policy(ctx.priority_level or
+                                                               gateway.policy.classes[route.class_name]
+                                                               .default_priority_level)
+    timeout_us = qp.default_timeout_microseconds if qp.timeout_action == "REJECT" else 0
+    if ctx.timeout_us and qp.allow_timeout_override:
+        timeout_us = min(timeout_us, ctx.timeout_us) if timeout_us else ctx.timeout_us
+    try:
+        await gateway.ensure_llm(route.model, timeout_us / 1e6 if timeout_us else None)
+    except Exception as exc:
+        raise to_api_error(exc) from None
+
+
 def check_priority(gateway: Gateway, route: Route, level: int | None) -> None:
     """X-HomeAI-Priority must be one of the class's levels (1 is served first); before, -1 was a 500 and 99
     queued at the lowest level."""

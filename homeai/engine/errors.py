@@ -15,3 +15,20 @@ class QueueTimeoutError(Exception):
 
 class EmbedBatchError(RuntimeError):
     """The batch holding this input failed on the device (HTTP 500 naming the cause)."""
+
+
+class ModelCapacityError(RuntimeError):
+    """A model cannot be loaded: it does not fit the memory budget beside the models that must stay (pinned,
+    or serving requests). Never answered by evicting a pinned model (HTTP 503 naming the model)."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+
+class ModelLoadError(RuntimeError):
+    """Loading a model failed (HTTP 503 naming the model and the cause); the next request tries again."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(message)
+        self.model = model

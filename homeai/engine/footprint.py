@@ -102,3 +102,20 @@ def build_catalog(entries: dict[str, ModelEntry], cache_dir: Path, device: str |
         weights = estimate_weights_bytes(entry, entry.local_path(cache_dir), dev) if pulled else None
         models[name] = CatalogModel(name, entry.kind, pulled, weights)
     return ModelCatalog(models, device_memory_bytes(dev), default_kv_cache_mb, require_pulled, dev.type)
+
+
+def free_engine(engine: LLMEngine) -> None:
+    """Give an unloaded engine's memory back: its compilation stops, its tensors go with the last reference
+    to it, and the allocator hands the pages back (glibc's arenas on the CPU, torch's cache on a GPU)."""
+    import gc
+
+    from homeai.runtime.device import release_free_memory
+
+    if engine.runner.compiled is not None:
+        engine.runner.compiled.stop()
+    device = engine.runner.device
+    del engine
+    gc.collect()
+    release_free_memory()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -7,11 +7,13 @@ claims decide whose step runs) and one device loop, and follows policy swaps.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,11 @@ from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
-from homeai.engine.errors import RequestError
-from homeai.engine.footprint import build_catalog
+from homeai.engine.errors import ModelCapacityError, QueueTimeoutError, RequestError
+from homeai.engine.footprint import build_catalog, engine_bytes, free_engine
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.metering import Meter, Submission
+from homeai.engine.model_pool import ModelPool
 from homeai.policy.catalog import ModelCatalog
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
@@ -74,6 +77,7 @@ class Gateway:
     batcher: Batcher | None = None
     embed_service: EmbedService | None = None
     loop: DeviceLoop | None = None
+    pool: ModelPool | None = None  # which LLMs are on the device, and for how long
     started_s: float = 0.0
     device: Any = None  # the torch device every model is on
     rss_at_ready_mb: float = 0.0  # resident memory once every model is loaded (reported in /v1/stats)
@@ -85,31 +89,72 @@ class Gateway:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
+        """Load the encoders, start the device loop, then the LLMs that load at start (pinned or ``load:
+        start``) through the model pool, which loads the others when a request needs them."""
         cfg = self.config
         policy = self.policy
         self.entries = load_entries(cfg.models_dir)
         device = choose_device(cfg.device)
         self.device = device
-        llm_models = sorted({c.model for c in policy.classes.values() if c.kind == "llm"})
         emb_models = sorted({c.model for c in policy.classes.values() if c.kind == "embedding"})
-        wake = threading.Event()  # one event wakes the device loop, whoever posts
-        for name in llm_models:
-            engine = self._build_llm(name, policy)
-            engine.wake = wake
-            self.llms[name] = engine
         for name in emb_models:
             entry = self._entry(name)
             # In a passing thread, as the LLM builder does: only the device thread keeps an OpenMP pool.
             self.embedders[name] = in_passing_thread(Embedder.load, self._folder(entry), device)
-        self.batcher = Batcher(policy, ModelSet({name: e.scheduler for name, e in self.llms.items()}))
-        self.embed_service = EmbedService(self.batcher, self.embedders, wake)
-        self.loop = DeviceLoop(llm=None, llms=self.llms, batcher=self.batcher, embed=self.embed_service,
+        self.batcher = Batcher(policy, ModelSet())  # the LLMs join it as they load
+        self.embed_service = EmbedService(self.batcher, self.embedders, threading.Event())
+        self.loop = DeviceLoop(llm=None, batcher=self.batcher, embed=self.embed_service,
                                build_snapshot=self._build_snapshot)
+        catalog = self.catalog()
+        self.pool = ModelPool(None, self._load_llm, self._attach, self._detach, free_engine, engine_bytes,
+                              fixed_bytes=sum((catalog.footprint_bytes(policy, n, "embedding") or 0) if catalog else 0
+                                              for n in emb_models))
         # The device thread owns the scheduling state: a swap is posted to it, never applied from here.
-        self.policy_holder.subscribe(lambda p, _v: self.loop.post_policy(p) if self.loop else None)
+        self.policy_holder.subscribe(lambda p, _v: self._follow(p))
         self.loop.start()
+        self.pool.start()
+        self.pool.load_now(self._configure_pool(policy, catalog))
         self.started_s = time.time()
         self.rss_at_ready_mb = process_rss_mb()
+
+    def _configure_pool(self, policy: Policy, catalog: ModelCatalog | None) -> list[str]:
+        assert self.pool is not None
+        self.pool.budget_bytes = policy.scheduler.memory_budget_bytes(catalog.device_memory_bytes if catalog else None)
+        estimates = {name: catalog.footprint_bytes(policy, name, "llm") or 0 for name in policy.llm_models()} \
+            if catalog else {}
+        return self.pool.configure(policy, estimates)
+
+    def _follow(self, policy: Policy) -> None:
+        """A policy swap: the device thread takes it before the next iteration; models it names that load
+        at start load now (in the background), those it no longer names leave once idle."""
+        if self.loop is None or self.pool is None:
+            return
+        self.loop.post_policy(policy)
+        for name in self._configure_pool(policy, self.catalog()):
+            try:
+                self.pool.acquire(name)
+            except ModelCapacityError as exc:  # validation checked the fit: a busy model may hold the room
+                log.warning("%s", exc)
+
+    def _load_llm(self, name: str) -> LLMEngine:
+        return self._build_llm(name, self.policy)
+
+    def _attach(self, name: str, engine: LLMEngine) -> Future[bool]:
+        """A loaded LLM joins the device loop; the API sees it from then on."""
+        self.llms = {**self.llms, name: engine}  # replaced, never mutated: other threads read it
+        assert self.loop is not None
+        return self.loop.post_model(name, engine)
+
+    def _detach(self, name: str) -> Future[bool]:
+        assert self.loop is not None
+        left = self.loop.post_model(name, None)
+
+        def forget(done: Future[bool]) -> None:
+            if done.result():
+                self.llms = {k: v for k, v in self.llms.items() if k != name}
+
+        left.add_done_callback(forget)
+        return left
 
     def _build_llm(self, name: str, policy: Policy) -> LLMEngine:
         """One LLM with its own KV pool and class scheduler (which plans the policy's classes of this model)."""
@@ -127,6 +172,8 @@ class Gateway:
         return build_llm_engine(folder, ecfg, scheduler)
 
     def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
         if self.loop is not None:
             self.loop.shutdown()
             self.loop = None
@@ -165,6 +212,8 @@ class Gateway:
         alias = policy.aliases.get(model or "")
         if class_name is None and alias is not None:
             class_name = alias.class_name
+        if class_name is None and model and alias is None:
+            class_name = self._class_serving(model, kind, user)
         if class_name is None:
             default = policy.user(user).default_class
             if default and policy.classes.get(default) is not None and policy.classes[default].kind == kind:
@@ -182,14 +231,55 @@ class Gateway:
             raise UnknownModelError(f"model {model!r} not found")
         return Route(cp.model, class_name)
 
+    def _class_serving(self, model: str, kind: str, user: str) -> str | None:
+        """A request naming a model (not an alias) and no class: the user's default class if it serves that
+        model, else the most important class the user may use that does (None: no class serves it)."""
+        policy = self.policy
+        default = policy.user(user).default_class
+        if default and (cp := policy.classes.get(default)) is not None and cp.model == model and cp.kind == kind:
+            return default
+        serving = sorted((cp.priority + (1000 if cp.background else 0), name) for name, cp in policy.classes.items()
+                         if cp.model == model and cp.kind == kind and policy.user(user).allows(name))
+        return serving[0][1] if serving else None
+
     def served_models(self) -> list[str]:
-        return sorted([*self.llms, *self.embedders])
+        """Every model the policy serves, loaded or not (an on-demand LLM loads when a request needs it)."""
+        pooled = self.pool.models if self.pool is not None else {}
+        return sorted({*self.llms, *pooled, *self.embedders})
 
     def llm(self, model: str) -> LLMEngine:
+        """A loaded LLM's engine (``ensure_llm`` first loads one that is not)."""
         engine = self.llms.get(model)
         if engine is None:
+            if self.pool is not None and model in self.pool.models:
+                raise QueueTimeoutError(f"model {model!r} is not loaded")
             raise UnknownModelError(f"LLM {model!r} is not served")
         return engine
+
+    async def ensure_llm(self, model: str, timeout_s: float | None = None) -> LLMEngine:
+        """The LLM's engine, loaded first if it is not (off the device thread: the other models step on
+        meanwhile). The wait counts against ``timeout_s`` (the request's queue timeout; None: none), and
+        raises QueueTimeoutError past it; ModelCapacityError when the model cannot fit, ModelLoadError when
+        its load failed."""
+        engine = self.llms.get(model)
+        if engine is not None or self.pool is None or model not in self.pool.models:
+            return engine if engine is not None else self.llm(model)
+        future = self.pool.acquire(model)
+        if future.done():
+            return future.result()
+        self.pool.waiting(model, +1)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
+        except TimeoutError:
+            raise QueueTimeoutError(f"queue timeout: model {model!r} was still loading") from None
+        finally:
+            self.pool.waiting(model, -1)
+
+    def keep_alive(self, model: str, seconds: float | None, unload_now: bool = False) -> None:
+        """Ollama's keep_alive for an LLM: it stays ``seconds`` after its last request (None: it stays; 0:
+        it leaves once idle, at once with ``unload_now``). A pinned model stays whatever a client sends."""
+        if self.pool is not None and model in self.pool.models and not self.policy.model_policy(model).pinned:
+            self.pool.keep_alive(model, seconds, unload_now)
 
     # ---- requests --------------------------------------------------------------------------------
     def chat_prompt(self, model: str, messages: list[dict[str, Any]],
@@ -214,8 +304,21 @@ class Gateway:
         engine = self.llm(route.model)
         request_id = request_id or uuid.uuid4().hex
         sub = Submission(request_id, kind, route.class_name, user, route.model, len(prompt_ids))
-        return self.meter.stream(sub, engine.generate(prompt_ids, params, request_id, route.class_name, user,
-                                                         priority_level or None, timeout_us or None))
+        stream = engine.generate(prompt_ids, params, request_id, route.class_name, user, priority_level or None,
+                                 timeout_us or None)
+        return self.meter.stream(sub, self._leased(route.model, stream))
+
+    async def _leased(self, model: str, stream: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:
+        """The stream, with its model kept on the device until it ends (keep_alive counts from then)."""
+        if self.pool is not None:
+            self.pool.lease(model)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+            if self.pool is not None:
+                self.pool.release(model)
 
     async def embed(self, route: Route, inputs: list[str] | list[list[int]], user: str,
                     priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
@@ -231,12 +334,21 @@ class Gateway:
         """Queues and device as the device thread last published them (never read across threads)."""
         if self.loop is None:
             return {"classes": {}, "device": {}}
-        return self.loop.snapshot() or {"classes": {}, "device": {}}
+        snap = self.loop.snapshot() or {"classes": {}, "device": {}}
+        return {**snap, **self._residency()}  # the pool's own lock: read now, not as last published
+
+    def _residency(self) -> dict[str, Any]:
+        """Every LLM's residency, and what the loaded models hold of the memory budget."""
+        if self.pool is None:
+            return {}
+        return {"models": self.pool.snapshot(), "memory": {"budget_bytes": self.pool.budget_bytes,
+                                                          "held_bytes": self.pool.held_bytes(),
+                                                          "rss_mb": round(process_rss_mb(), 1)}}
 
     def _build_snapshot(self) -> dict[str, Any]:
         """Runs on the device thread, which owns what it reads."""
         out: dict[str, Any] = {"classes": {}, "device": {}}
-        for name, engine in self.llms.items():
+        for name, engine in (self.loop.llms if self.loop is not None else self.llms).items():
             sched = engine.scheduler
             bm = sched.block_manager
             out["device"][name] = {"kv_usage": bm.usage, "kv_blocks": bm.num_blocks,

@@ -12,7 +12,11 @@ Shape (times in ms, rates in tokens/s)::
      "users": {name: {"tokens_per_s_10s", "tokens_per_s_60s", "prompt_tokens_per_s_60s",
                       "generated_tokens", "prompt_tokens", "fairness": {class: counter}}},
      "device": {model: {"kv_usage", "kv_blocks", "steps", "steps_per_s", "preemptions",
-                        "last_batch_tokens", "last_batch_seqs"}},
+                        "last_batch_tokens", "last_batch_seqs"}},            (loaded LLMs)
+     "models": {model: {"state", "loaded", "pinned", "load", "resident_bytes", "weights_bytes",
+                        "kv_cache_bytes", "estimate_bytes", "load_s", "loaded_at", "num_loads", "requests",
+                        "waiting_for_load", "keep_alive", "expires_at", "last_error"}},   (every LLM)
+     "memory": {"budget_bytes", "held_bytes", "rss_mb"},
      "recent": [FinishedRequest dicts, most recent first]}
 """
 
@@ -68,6 +72,9 @@ def build_stats(recorder: MetricsRecorder, snapshot: dict[str, Any] | None, poli
         "classes": classes,
         "users": dict(sorted(users.items())),
         "device": device,
+        # every LLM the policy names, loaded or not, and what the loaded models hold of the memory budget
+        "models": snap.get("models") or {},
+        "memory": snap.get("memory") or {},
         "engine_health": snap.get("engine_health") or {"failing": False, "last_error": None, "errors": []},
         "recent": recorder.recent_requests(recent_limit),
     }
