@@ -78,7 +78,7 @@ def _quantization_level(gateway: Gateway, entry: ModelEntry) -> str:
         return "Q8_0"
     if quantization == "int4":
         return "Q4_1"
-    dtype = entry.dtype
+    dtype: str = entry.dtype
     if dtype == "auto":
         dtype = str(engine.runner.model.dtype).removeprefix("torch.") if engine is not None else "float32"
     return _QUANT.get(dtype, dtype.upper())

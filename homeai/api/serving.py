@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -175,7 +175,7 @@ class Generation:
         self.num_output_tokens = 0
         self.logprobs: list[TokenLogprob] = []  # every token's, when the params ask for them
         self._first: TokenDelta | None = None
-        self._iterator: AsyncIterator[TokenDelta] | None = None
+        self._iterator: AsyncGenerator[TokenDelta, None] | None = None
 
     async def open(self) -> TokenDelta:
         """Queue the request and wait for its first delta; raises ApiError (400/429/503/499...).
@@ -205,7 +205,7 @@ class Generation:
         self._first = first
         return first
 
-    async def deltas(self) -> AsyncIterator[TokenDelta]:
+    async def deltas(self) -> AsyncGenerator[TokenDelta, None]:
         """The first delta, then the rest; closing this generator early aborts the request."""
         assert self._first is not None and self._iterator is not None, "open() first"
         async with aclosing(self._iterator) as rest:
@@ -241,10 +241,13 @@ async def run_embedding(request: Request[Any, Any, Any], route: Route, inputs: l
     """Tokenize off the event loop, queue every input in the class, wait for the vectors."""
     gateway = gateway_of(request)
     embedder = gateway.embedders[route.model]
-    if inputs and isinstance(inputs[0], str):
-        rows = await asyncio.to_thread(embedder.tokenize, list(inputs))  # type: ignore[arg-type]
+    texts = [x for x in inputs if isinstance(x, str)]
+    if texts and len(texts) < len(inputs):
+        raise BadRequest("input mixes texts and token ids; send one kind", param="input")
+    if texts:
+        rows = await asyncio.to_thread(embedder.tokenize, texts)
     else:
-        rows = [list(r) for r in inputs]  # type: ignore[arg-type]
+        rows = [list(r) for r in inputs if not isinstance(r, str)]
         for i, row in enumerate(rows):
             check_token_ids(row, len(embedder.tokenizer), f"input[{i}]")
     try:
@@ -297,7 +300,7 @@ async def constrain(gateway: Gateway, route: Route, prompt_ids: list[int], param
     return True
 
 
-async def _no_deltas() -> AsyncIterator[TokenDelta]:
+async def _no_deltas() -> AsyncGenerator[TokenDelta, None]:
     return
     yield  # an async generator that ends at once
 
