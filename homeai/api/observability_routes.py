@@ -73,7 +73,9 @@ def stats_document(state: State) -> dict[str, Any]:
     doc = build_stats(_recorder(state), _snapshot(state), holder.current if holder is not None else None)
     doc["policy"] = policy_status(state)  # the TUI shows a refused policy file from here
     gateway = state.get("gateway")
-    doc["memory"] = {"rss_mb": process_rss_mb(), "rss_at_ready_mb": getattr(gateway, "rss_at_ready_mb", None)}
+    # beside the models' memory budget and what they hold of it (the gateway's residency)
+    doc["memory"] = {**doc.get("memory", {}), "rss_mb": process_rss_mb(),
+                     "rss_at_ready_mb": getattr(gateway, "rss_at_ready_mb", None)}
     return doc
 
 

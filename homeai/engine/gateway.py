@@ -342,8 +342,7 @@ class Gateway:
         if self.pool is None:
             return {}
         return {"models": self.pool.snapshot(), "memory": {"budget_bytes": self.pool.budget_bytes,
-                                                          "held_bytes": self.pool.held_bytes(),
-                                                          "rss_mb": round(process_rss_mb(), 1)}}
+                                                          "held_bytes": self.pool.held_bytes()}}
 
     def _build_snapshot(self) -> dict[str, Any]:
         """Runs on the device thread, which owns what it reads."""

@@ -91,6 +91,7 @@ class SnapshotCollector(Collector):
             batch_tokens.add_metric([model], float(d.get("last_batch_tokens", 0)))
             batch_seqs.add_metric([model], float(d.get("last_batch_seqs", 0)))
         yield from (kv, steps, preempt, batch_tokens, batch_seqs)
+        yield from _residency_families(snap)
         errors = CounterMetricFamily("homeai_engine_errors", "Failed LLM steps, embedding batches and loop "
                                      "iterations, by source (model, embedding, loop), part and exception type",
                                      labels=["source", "part", "cause"])
@@ -101,3 +102,29 @@ class SnapshotCollector(Collector):
         yield GaugeMetricFamily("homeai_engine_failing", "1 while the engine keeps failing (readiness is down)",
                                 value=1.0 if health.get("failing") else 0.0)
         yield from prefix_families(snap)
+
+
+def _residency_families(snap: dict[str, Any]) -> Iterator[Metric]:
+    """Every LLM the policy names, loaded or not: whether it is on the device, what it holds there, how long
+    its last load took and how often it loaded; and the memory budget the loaded models share."""
+    loaded = GaugeMetricFamily("homeai_model_loaded", "1 while the LLM is on the device", labels=["model"])
+    resident = GaugeMetricFamily("homeai_model_resident_bytes", "Weights and KV cache the LLM holds",
+                                 labels=["model"])
+    load_s = GaugeMetricFamily("homeai_model_load_seconds", "How long the LLM's last load took", labels=["model"])
+    loads = CounterMetricFamily("homeai_model_loads", "Times the LLM was loaded", labels=["model"])
+    waiting = GaugeMetricFamily("homeai_model_waiting_for_load", "Requests waiting for the LLM to load",
+                                labels=["model"])
+    for model, m in sorted((snap.get("models") or {}).items()):
+        loaded.add_metric([model], 1.0 if m.get("loaded") else 0.0)
+        resident.add_metric([model], float(m.get("resident_bytes", 0)))
+        load_s.add_metric([model], float(m.get("load_s") or 0.0))
+        loads.add_metric([model], float(m.get("num_loads", 0)))
+        waiting.add_metric([model], float(m.get("waiting_for_load", 0)))
+    yield from (loaded, resident, load_s, loads, waiting)
+    memory = snap.get("memory") or {}
+    if memory.get("budget_bytes") is not None:
+        yield GaugeMetricFamily("homeai_memory_budget_bytes", "What the loaded models may hold together",
+                                value=float(memory["budget_bytes"]))
+    if memory.get("held_bytes") is not None:
+        yield GaugeMetricFamily("homeai_memory_held_bytes", "What the loaded models (and encoders) hold",
+                                value=float(memory["held_bytes"]))

@@ -16,7 +16,7 @@ Shape (times in ms, rates in tokens/s)::
      "models": {model: {"state", "loaded", "pinned", "load", "resident_bytes", "weights_bytes",
                         "kv_cache_bytes", "estimate_bytes", "load_s", "loaded_at", "num_loads", "requests",
                         "waiting_for_load", "keep_alive", "expires_at", "last_error"}},   (every LLM)
-     "memory": {"budget_bytes", "held_bytes", "rss_mb"},
+     "memory": {"budget_bytes", "held_bytes", "rss_mb", "rss_at_ready_mb"},
      "recent": [FinishedRequest dicts, most recent first]}
 """
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 from server_launcher import ServerProcess
-from waiting import wait_until
+from waiting import await_until, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -161,3 +161,33 @@ def test_voice_keeps_its_first_token_time_under_a_chat_flood_on_the_other_model(
     alone, busy = asyncio.run(voice_ttft_alone_and_under_flood(two_models.url))
     print(f"voice TTFT median {alone * 1000:.0f} ms alone, {busy * 1000:.0f} ms under the flood")
     assert busy <= 1.5 * alone, f"voice TTFT median {alone * 1000:.0f} ms alone, {busy * 1000:.0f} ms under the flood"
+
+
+async def voice_while_chat_loads(url: str) -> tuple[int, str, int]:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        async def state() -> str:
+            return str((await http.get("/v1/stats")).json()["models"][INT4]["state"])
+
+        async def unloaded() -> bool:
+            return await state() == "unloaded"
+
+        async def loading() -> bool:
+            return await state() == "loading"
+
+        assert (await http.post("/api/generate", json={"model": INT4, "keep_alive": 0})).status_code == 200
+        await await_until(unloaded, what="the chat model unloaded")
+        chat = asyncio.create_task(http.post("/v1/chat/completions", json={
+            "model": "chat", "max_tokens": 4, "messages": [{"role": "user", "content": "Hello?"}]}))
+        await await_until(loading, what="the chat model loading")
+        voice = await http.post("/v1/chat/completions", json={
+            "model": "voice", "max_tokens": 1, "messages": [{"role": "user", "content": "Lights on."}]})
+        during = await state()
+        return voice.status_code, during, (await chat).status_code
+
+
+def test_a_load_runs_beside_the_other_models_steps(two_models: ServerProcess) -> None:
+    """The chat model loads off the device thread: voice is answered while it loads, and the chat request
+    that waited for it is answered once it is in."""
+    voice, during, chat = asyncio.run(voice_while_chat_loads(two_models.url))
+    assert voice == 200 and chat == 200
+    assert during == "loading"  # voice's answer came back before the chat model was even loaded
