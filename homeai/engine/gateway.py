@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,7 +291,7 @@ class Gateway:
 
     def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,
                  request_id: str | None = None, priority_level: int | None = None,
-                 timeout_us: int | None = None, kind: str = "completion") -> AsyncIterator[TokenDelta]:
+                 timeout_us: int | None = None, kind: str = "completion") -> AsyncGenerator[TokenDelta, None]:
         """Stream token deltas. Awaiting the first one raises RequestError (400) or QueueFullError
         (429) at once; a queue timeout arrives as a delta with ``error`` set (503). Metered: ``kind``
         (chat, completion, response) goes into the record."""
