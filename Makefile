@@ -32,6 +32,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check homeai tui tests
+	$(BIN)/mypy
 
 bench-engine: pull
 	$(BIN)/homeai bench engine --json
