@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
@@ -24,6 +25,9 @@ class StepScheduler(ABC):
     block_manager: BlockManager
     clock: Clock  # the time every plan is made on (virtual in tests and the simulator)
     model: str | None = None  # the model whose steps it plans (None: the only one)
+    # The other models' interactive targets, set by the ModelSet it joins (None: alone on the device). A
+    # scheduler that sizes steps by targets keeps its steps within these too; one that does not ignores it.
+    peer_targets: Callable[[], list[ClassTargets]] | None = None
 
     def __init__(self) -> None:
         self.seqs: dict[int, Sequence] = {}

@@ -56,14 +56,13 @@ class ModelSet:
     # ---- membership (the device thread: a model joins when loaded, leaves when unloaded) -----------
     def add(self, name: str, scheduler: StepScheduler) -> None:
         self.models[name] = scheduler
-        if hasattr(scheduler, "peer_targets"):
-            scheduler.peer_targets = lambda: self._peer_targets(name)
+        scheduler.peer_targets = lambda: self._peer_targets(name)
 
     def remove(self, name: str) -> StepScheduler | None:
         sched = self.models.pop(name, None)
         self._last_end_s.pop(name, None)
         self._shares.forget(name)
-        if sched is not None and hasattr(sched, "peer_targets"):
+        if sched is not None:
             sched.peer_targets = None
         return sched
 
