@@ -55,7 +55,7 @@ from homeai.scheduling.step_budget import (
     StepCostModel,
     step_token_budget,
 )
-from homeai.scheduling.step_guard import MarginClass, StepGuard
+from homeai.scheduling.step_guard import MarginClass, PeerBounds, StepGuard
 
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 NO_RANK = 10 * BACKGROUND_RANK  # after every class
@@ -121,6 +121,8 @@ class ClassScheduler(StepScheduler):
         # The interactive targets of the other models on this device (``ModelSet``): a step here delays
         # their requests too, so it is sized by their targets as by this model's own.
         self.peer_targets: Callable[[], list[ClassTargets]] | None = None
+        # ... and, where latency margins guard its steps, by their arrival bounds and token deadlines
+        self.peer_bounds: Callable[[], PeerBounds] | None = None
         self.apply_policy(policy)
 
     # ---- policy ----------------------------------------------------------------------------------
@@ -373,7 +375,11 @@ class ClassScheduler(StepScheduler):
             self._blocked_rank = NO_RANK
             self.guard.cost = self.step_cost
             margins = self._margin_classes()
-            self.guard.start(margins, self._deadlines(now) if margins else None)
+            peers = self.peer_bounds() if self.peer_bounds is not None else None
+            if peers is not None:  # the other models' classes on this device, as if they were this model's
+                margins += peers.margins
+            deadlines = self._deadlines(now) + (peers.deadlines if peers is not None else [])
+            self.guard.start(margins, deadlines if margins else None)
             self._deferred = set()
             self._shed_over_limits(plan)  # 0. lowered caps hold from this step
             self.shares.protect(self.classes.values(), self.running, self.block_manager, self.max_num_seqs)
@@ -431,6 +437,14 @@ class ClassScheduler(StepScheduler):
                 arrival = fraction * p.targets.ttft_ms / 1000.0  # type: ignore[operator]
             out.append(MarginClass(c.rank, p.latency_margin, arrival))
         return out
+
+    def bounds_for_peers(self, now: float) -> PeerBounds:
+        with self.lock:
+            margins = [MarginClass(c.rank, None, c.policy.arrival_fraction * c.policy.targets.ttft_ms / 1000.0)
+                       for c in self.classes.values() if not c.policy.background and not c.retired
+                       and c.policy.arrival_fraction is not None and c.policy.targets.ttft_ms] \
+                if self.interactive_active(now) else []
+            return PeerBounds(margins, self._deadlines(now))
 
     def _deadlines(self, now: float) -> list[tuple[int, float]]:
         """Running interactive classes' next tokens are due by their ITL target, counted from the last

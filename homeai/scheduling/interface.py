@@ -17,6 +17,7 @@ from homeai.core.types import StepOutput, StepPlan
 from homeai.policy.schema import Policy
 from homeai.scheduling.clock import Clock
 from homeai.scheduling.step_budget import ClassTargets
+from homeai.scheduling.step_guard import PeerBounds
 
 
 class StepScheduler(ABC):
@@ -28,6 +29,9 @@ class StepScheduler(ABC):
     # The other models' interactive targets, set by the ModelSet it joins (None: alone on the device). A
     # scheduler that sizes steps by targets keeps its steps within these too; one that does not ignores it.
     peer_targets: Callable[[], list[ClassTargets]] | None = None
+    # Their arrival bounds and token deadlines, which bound this model's steps where latency margins guard
+    # them (``step_guard.PeerBounds``; None: alone on the device)
+    peer_bounds: Callable[[], PeerBounds] | None = None
 
     def __init__(self) -> None:
         self.seqs: dict[int, Sequence] = {}
@@ -89,6 +93,13 @@ class StepScheduler(ABC):
         """The latency targets of this scheduler's interactive classes: another model's steps on the same
         device are sized by them too (a voice request waits for whatever step runs when it arrives)."""
         return []
+
+    def bounds_for_peers(self, now: float) -> PeerBounds:
+        """What this scheduler's classes put on the other models' steps on the same device: while its
+        interactive classes are active, their arrival bounds (a latency margin's ``arrival_step_fraction``
+        of the TTFT target: a request of theirs arriving during another model's step waits for it), and
+        the deadlines of its running classes' next tokens (their ITL targets from its last step's end)."""
+        return PeerBounds([], [])
 
     def drain_rejected(self) -> list[Sequence]:
         """Sequences that timed out in a queue since the last call (finished: the engine answers them)."""

@@ -17,8 +17,10 @@ an LLM step, ``choose`` says whose, by the claim of the work each model would se
    steps; and an interactive model whose own next token is late (its ITL target passed since its last
    step) gets its step anyway, so a chat stream on one model is never stalled by voice on another.
 
-Each model's steps are sized by the other models' interactive targets too (``peer_targets``): a voice
-request that arrives during a chat step on another model waits for that step.
+Each model's steps are sized by the other models' interactive targets too (``peer_targets``), and where
+latency margins guard its steps, by their arrival bounds and the deadlines of their running classes'
+next tokens (``peer_bounds``): a voice request or token on one model waits for whatever step of another
+model runs when it is due.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from homeai.policy.schema import Policy
 from homeai.scheduling.interface import StepScheduler
 from homeai.scheduling.share_bucket import ShareLedger
 from homeai.scheduling.step_budget import ClassTargets
+from homeai.scheduling.step_guard import PeerBounds
 
 BACKGROUND_CLAIM = 1000  # ranks from here on are background classes (class_scheduler.BACKGROUND_RANK)
 SHARE_BURST_S = 1.0  # a background model's share credit holds at most this long at its share's rate
@@ -57,6 +60,7 @@ class ModelSet:
     def add(self, name: str, scheduler: StepScheduler) -> None:
         self.models[name] = scheduler
         scheduler.peer_targets = lambda: self._peer_targets(name)
+        scheduler.peer_bounds = lambda: self._peer_bounds(name)
 
     def remove(self, name: str) -> StepScheduler | None:
         sched = self.models.pop(name, None)
@@ -64,6 +68,7 @@ class ModelSet:
         self._shares.forget(name)
         if sched is not None:
             sched.peer_targets = None
+            sched.peer_bounds = None
         return sched
 
     def _peer_targets(self, name: str) -> list[ClassTargets]:
@@ -71,6 +76,10 @@ class ModelSet:
             return []
         return [t for other, sched in self.models.items() if other != name
                 for t in sched.interactive_targets(sched.clock.now())]
+
+    def _peer_bounds(self, name: str) -> PeerBounds:
+        bounds = [sched.bounds_for_peers(sched.clock.now()) for other, sched in self.models.items() if other != name]
+        return PeerBounds([m for b in bounds for m in b.margins], [d for b in bounds for d in b.deadlines])
 
     def apply_policy(self, policy: Policy) -> None:
         self._share_of = {}
@@ -132,15 +141,17 @@ class ModelSet:
             return self._forced
         order = sorted(claims, key=lambda m: (claims[m], self._last_end_s.get(m, float("-inf"))))
         top = order[0]
-        if len(order) == 1 or claims[top] >= BACKGROUND_CLAIM or self.models[top].interactive_admission_ready(now):
+        best = self.models[top]
+        if len(order) == 1 or claims[top] >= BACKGROUND_CLAIM or best.interactive_admission_ready(now) \
+                or best.has_waiting_interactive():  # a prompt to admit or finish, a token a margin held back
             return top
-        targets = self.models[top].running_itl_targets_s()
+        targets = best.running_itl_targets_s()
         if not targets:  # nothing of it is due by a target: interactive models take turns
             interactive = [m for m in order if claims[m] < BACKGROUND_CLAIM]
             return min(interactive, key=lambda m: self._last_end_s.get(m, float("-inf")))
         since = now - self._last_end_s.get(top, now)
         limit = ITL_SLACK_FRACTION * min(targets)
-        margins = self.models[top].margin_intervals_s()
+        margins = best.margin_intervals_s()
         for other in order[1:]:
             background = claims[other] >= BACKGROUND_CLAIM
             bound = min([limit, *margins]) if background else limit

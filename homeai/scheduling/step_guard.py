@@ -36,6 +36,17 @@ class MarginClass:
     arrival_s: float | None  # the longest a background-only step may last while it is active; None: no bound
 
 
+@dataclass(slots=True, frozen=True)
+class PeerBounds:
+    """What the other models on the device put on this model's steps: their interactive classes' arrival
+    bounds (background work here is what their next request, arriving meanwhile, waits behind) and their
+    running classes' token deadlines (rank, seconds from now: a step here must end by then, as their next
+    step, and token, waits behind it)."""
+
+    margins: list[MarginClass]
+    deadlines: list[tuple[int, float]]
+
+
 @dataclass(slots=True)
 class Work:
     tokens: int = 0

@@ -25,6 +25,9 @@ never fit the pool (a 6,000-token chat prompt in 364 x 16 tokens) is refused, as
 it (12 summaries of 1,500 tokens in flight, outputs forced) and runs only at the server's pool, with the
 cpu-135m profile unless another is named; each trace also reports voice's time to its NTH_TOKEN-th token.
 
+``household-two-models`` runs the household on two LLMs (voice on a 1B model, chat and the summaries on
+an 8B one, each with its own KV pool and gpu costs: ``on_models``), as the server runs several models.
+
 The top level keeps the worst of each over the traces, and sums the counts.
 """
 
@@ -34,7 +37,7 @@ import copy
 from typing import Any
 
 from homeai.policy.schema import Policy
-from homeai.sim.cost_model import CostModel
+from homeai.sim.cost_model import CostModel, resolve_profile
 from homeai.sim.household import class_figures, ours_mapping
 from homeai.sim.simulator import SimResult, Simulator
 from homeai.sim.trace import TRACE_SETTINGS, TRACES, TraceRequest, TraceSettings
@@ -46,9 +49,25 @@ SERVER_KV_BLOCKS = 364  # the server's default pool: kv_cache_mb 256 of SmolLM2-
 
 
 def _run(policy: Policy, cost: CostModel, trace: list[TraceRequest], horizon_s: float, kv_blocks: int,
-         background_in_flight: int = TraceSettings().background_in_flight) -> SimResult:
+         background_in_flight: int = TraceSettings().background_in_flight,
+         costs: dict[str, CostModel] | None = None) -> SimResult:
     return Simulator(copy.deepcopy(policy), cost, ours_mapping, kv_blocks,
-                     background_concurrency=background_in_flight).run(trace, horizon_s)
+                     background_concurrency=background_in_flight, costs=costs).run(trace, horizon_s)
+
+
+def on_models(policy: Policy, settings: TraceSettings) -> tuple[Policy, dict[str, CostModel]]:
+    """The policy with its LLM classes moved onto the trace's models (``TraceSettings.models``), and each
+    model's cost; the policy as it is where the trace names none."""
+    if not settings.models:
+        return policy, {}
+    data = policy.model_dump(mode="json", by_alias=True)
+    for name, cp in data["classes"].items():
+        if cp["kind"] == "llm":
+            cp["model"] = next(model for cls, model, _ in settings.models if cls in (name, "*"))
+    for alias in data["aliases"].values():
+        alias.pop("model", None)  # an alias follows its class onto its model
+    data["models"] = {}  # residency is the server's business: every model stays in the simulator
+    return Policy.model_validate(data), {model: resolve_profile(profile) for _, model, profile in settings.models}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -84,9 +103,11 @@ def background_figures(policy: Policy, cost: CostModel, res: SimResult) -> dict[
 def trace_figures(policy: Policy, cost: CostModel, name: str, horizon_s: float, seed: int,
                   kv_blocks: int = TRACE_KV_BLOCKS) -> dict[str, Any]:
     make = TRACES[name]
-    in_flight = TRACE_SETTINGS.get(name, TraceSettings()).background_in_flight
-    mix = _run(policy, cost, make(horizon_s, seed, True), horizon_s, kv_blocks, in_flight)
-    idle = _run(policy, cost, make(horizon_s, seed, False), horizon_s, kv_blocks, in_flight)
+    settings = TRACE_SETTINGS.get(name, TraceSettings())
+    in_flight = settings.background_in_flight
+    policy, costs = on_models(policy, settings)
+    mix = _run(policy, cost, make(horizon_s, seed, True), horizon_s, kv_blocks, in_flight, costs)
+    idle = _run(policy, cost, make(horizon_s, seed, False), horizon_s, kv_blocks, in_flight, costs)
     figs, idle_figs = class_figures(mix), class_figures(idle)
     voice, voice_idle = figs.get("voice", {}), idle_figs.get("voice", {})
     itl_ms = policy.classes["voice"].targets.itl_ms if "voice" in policy.classes else None

@@ -44,6 +44,9 @@ class CostModel:
 PROFILES = {
     "gpu-8b": CostModel("gpu-8b", base_s=0.016, per_token_s=0.0001, per_seq_s=0.00005, per_ctx_token_s=2e-8,
                         embed_base_s=0.002, embed_per_token_s=0.000005),
+    # A 1B model in bf16 on the same card: ~2 GB of weights read per step, as voice's small model beside gpu-8b.
+    "gpu-1b": CostModel("gpu-1b", base_s=0.0025, per_token_s=0.00002, per_seq_s=0.00002, per_ctx_token_s=5e-9,
+                        embed_base_s=0.002, embed_per_token_s=0.000005),
     # SmolLM2-135M fp32 on a 2-core CPU at nominal speed (~27 GB/s, ~350 GFLOP/s); `calibrate` replaces it.
     "cpu-135m": CostModel("cpu-135m", base_s=0.022, per_token_s=0.0008, per_seq_s=0.0003, per_ctx_token_s=4e-7,
                           embed_base_s=0.004, embed_per_token_s=0.00015),

@@ -1,8 +1,10 @@
-"""Runs the real class scheduler and batcher on virtual time with a cost-model runner.
+"""Runs the real class schedulers and batcher on virtual time with a cost-model runner.
 
-Nothing here is a re-implementation of the policy: the same ``ClassScheduler`` and ``Batcher`` objects
-the server uses plan every step; only the device is replaced by a cost model that advances a
-``VirtualClock``. Runs are deterministic, so policies can be compared at scales this machine cannot run.
+Nothing here is a re-implementation of the policy: the same ``ClassScheduler``, ``ModelSet`` and
+``Batcher`` objects the server uses plan every step; only the device is replaced by a cost model that
+advances a ``VirtualClock``. Each LLM the policy names gets its own class scheduler and KV pool, as on the
+server, and its own cost model (``costs``; else ``cost``). Runs are deterministic, so policies can be
+compared at scales this machine cannot run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from homeai.scheduling.class_queue import QueuedItem, QueueFullError
 from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.clock import VirtualClock
 from homeai.scheduling.device import run_once
+from homeai.scheduling.model_set import ModelSet
 from homeai.scheduling.step_budget import StepCostModel
 from homeai.sim.cost_model import CostModel
 from homeai.sim.trace import TraceRequest
@@ -67,16 +70,26 @@ class SimResult:
 
 class Simulator:
     def __init__(self, policy: Policy, cost: CostModel, mapping: Mapping, num_kv_blocks: int = 4096,
-                 block_size: int = 16, background_concurrency: int = 16) -> None:
+                 block_size: int = 16, background_concurrency: int = 16,
+                 costs: dict[str, CostModel] | None = None) -> None:
         self.clock = VirtualClock()
         self.cost = cost
         self.mapping = mapping
-        self.block_manager = BlockManager(num_kv_blocks, block_size)
-        # The planner's step-cost model starts from the profile, as `homeai bench calibrate` seeds a server.
-        seed = StepCostModel(cost.base_s, cost.per_token_s + cost.per_seq_s, prompt_token_s=cost.per_token_s,
-                             per_ctx_s=cost.per_ctx_token_s)
-        self.scheduler = ClassScheduler(self.block_manager, policy, self.clock, step_cost=seed)
-        self.batcher = Batcher(policy, self.scheduler, self.clock,
+        self.policy = policy
+        models = list(dict.fromkeys(c.model for c in policy.classes.values() if c.kind == "llm")) or ["llm"]
+        self.costs = {m: (costs or {}).get(m, cost) for m in models}
+        self.schedulers: dict[str, ClassScheduler] = {}
+        for model in models:
+            c = self.costs[model]
+            # The planner's step-cost model starts from the profile, as `homeai bench calibrate` seeds a server.
+            seed = StepCostModel(c.base_s, c.per_token_s + c.per_seq_s, prompt_token_s=c.per_token_s,
+                                 per_ctx_s=c.per_ctx_token_s)
+            self.schedulers[model] = ClassScheduler(BlockManager(num_kv_blocks, block_size), policy, self.clock,
+                                                    model=model if len(models) > 1 else None, step_cost=seed)
+        self._cost_of = {id(self.schedulers[m]): self.costs[m] for m in models}
+        self.scheduler = next(iter(self.schedulers.values()))  # the only one, where there is one
+        self.block_manager = self.scheduler.block_manager
+        self.batcher = Batcher(policy, ModelSet(dict(self.schedulers)), self.clock,
                                embed_cost=StepCostModel(cost.embed_base_s, cost.embed_per_token_s))
         self._ids = itertools.count()
         self.records: dict[str, RequestRecord] = {}
@@ -99,7 +112,8 @@ class Simulator:
         cls, level, user = self.mapping(req)
         try:
             if req.kind == "llm":
-                bm = self.block_manager
+                sched = self._scheduler_of(cls)
+                bm = sched.block_manager
                 if bm.blocks_needed(req.prompt_tokens + req.max_tokens) > bm.num_blocks:
                     rec.rejected = "exceeds_kv_cache"  # the engine refuses it before it is queued (400)
                     self._done(rec)
@@ -107,7 +121,7 @@ class Simulator:
                 params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
                 seq = Sequence(next(self._ids), rid, [FAKE_TOKEN] * req.prompt_tokens, params,
                                class_name=cls, user=user, priority_level=level)
-                self.scheduler.add(seq, req.arrival_s)
+                sched.add(seq, req.arrival_s)
             else:
                 assert req.input_tokens is not None
                 rec.inputs_left = len(req.input_tokens)
@@ -118,6 +132,10 @@ class Simulator:
         except QueueFullError:
             rec.rejected = "queue_full"
             self._done(rec)
+
+    def _scheduler_of(self, class_name: str) -> ClassScheduler:
+        cp = self.policy.classes.get(class_name)
+        return self.schedulers.get(cp.model, self.scheduler) if cp is not None else self.scheduler
 
     def _refill_background(self, now: float) -> None:
         for cls, backlog in self._backlog.items():
@@ -151,12 +169,13 @@ class Simulator:
             later = [b[-1].arrival_s for b in self._backlog.values() if b]  # a background job that starts later
             wake = [t for t in (arrival, self.batcher.next_wake_s(after=now), *later) if t is not None and t > now]
             self.clock.set(min([*wake, horizon_s]))
-        in_flight = {seq.request_id for seq in self.scheduler.seqs.values()}
+        scheds = self.schedulers.values()
+        in_flight = {seq.request_id for sched in scheds for seq in sched.seqs.values()}
         in_flight |= {item.payload[0] for q in self.batcher.embed_queues.values() for item in q}
         wasted = {name: n for name, n in self.wasted.items() if n}
         return SimResult(list(self.records.values()), horizon_s, dict(self.processed), self._steps,
-                         self._batches, self.scheduler.num_preemptions, dict(self.busy_s), in_flight,
-                         self.scheduler.num_futile_preemptions, wasted)
+                         self._batches, sum(s.num_preemptions for s in scheds), dict(self.busy_s), in_flight,
+                         sum(s.num_futile_preemptions for s in scheds), wasted)
 
     # ---- the Device protocol (homeai.scheduling.device): a cost model instead of an accelerator ----
     def apply_inbox(self) -> None:
@@ -171,7 +190,7 @@ class Simulator:
         self._collect_timeouts()
 
     def llm_step(self, model: str | None = None) -> bool:
-        ran = self._llm_step()
+        ran = self._llm_step(self.schedulers.get(model, self.scheduler) if model is not None else self.scheduler)
         self._steps += ran
         return ran
 
@@ -179,16 +198,16 @@ class Simulator:
         self._embed_batch(work)
         self._batches += 1
 
-    def _llm_step(self) -> bool:
-        plan = self.scheduler.schedule()
-        seqs = self.scheduler.seqs
+    def _llm_step(self, sched: ClassScheduler) -> bool:
+        plan = sched.schedule()
+        seqs = sched.seqs
         for sid in plan.preempted:  # what it computed is recomputed when it runs again
             trace_cls = self.records[seqs[sid].request_id].req.class_name
             self.wasted[trace_cls] = self.wasted.get(trace_cls, 0) + self._computed.pop(sid, 0)
         if plan.is_empty:
             return False
         ctx = sum(c.start + c.num_tokens for c in plan.chunks)
-        step_s = self.cost.llm_step_s(plan.num_tokens, len(plan.chunks), ctx)
+        step_s = self._cost_of[id(sched)].llm_step_s(plan.num_tokens, len(plan.chunks), ctx)
         self.clock.advance(step_s)
         for c in plan.chunks:
             trace_cls = self.records[seqs[c.seq_id].request_id].req.class_name
@@ -197,7 +216,7 @@ class Simulator:
             self.busy_s[trace_cls] = self.busy_s.get(trace_cls, 0.0) + step_s * c.num_tokens / plan.num_tokens
         output = StepOutput(sampled={c.seq_id: FAKE_TOKEN for c in plan.chunks if c.sample})
         now = self.clock.now()
-        for seq in self.scheduler.update(plan, output):
+        for seq in sched.update(plan, output):
             rec = self.records[seq.request_id]
             rec.token_times.append(now)
             if rec.first_s is None:
@@ -224,7 +243,7 @@ class Simulator:
                 self._done(rec)
 
     def _collect_timeouts(self) -> None:
-        for seq in self.scheduler.drain_rejected():
+        for seq in (s for sched in self.schedulers.values() for s in sched.drain_rejected()):
             self.records[seq.request_id].rejected = "timeout"
             self._done(self.records[seq.request_id])
         for _name, item in self.batcher.expire_embeddings():

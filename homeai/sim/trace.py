@@ -157,14 +157,23 @@ def household_real(horizon_s: float = 120.0, seed: int = 0, background: bool = T
     return sorted(reqs, key=lambda r: r.arrival_s)
 
 
+def household_two_models(horizon_s: float = 120.0, seed: int = 0, background: bool = True) -> list[TraceRequest]:
+    """The household (``household``) on two LLMs: voice on a small fast model, chat and the summaries on a
+    large one (``TRACE_SETTINGS`` moves the policy's classes onto them, each model with its own costs and
+    KV pool); searches and indexing on the encoder as before."""
+    return household(horizon_s, seed, background)
+
+
 @dataclass(slots=True, frozen=True)
 class TraceSettings:
     """How a trace is run when it names its own setting: the KV pool, the background requests kept in
-    flight (the simulator's closed loop), and the cost profile it speaks for (None: the caller's)."""
+    flight (the simulator's closed loop), the cost profile it speaks for (None: the caller's), and the
+    LLMs its classes run on: (class or "*" for the other LLM classes, model, cost profile), first match."""
 
     kv_blocks: int | None = None
     background_in_flight: int = 16
     profile: str | None = None
+    models: tuple[tuple[str, str, str], ...] = ()
 
 
 def _household(horizon_s: float = 120.0, seed: int = 0, background: bool = True) -> list[TraceRequest]:
@@ -173,8 +182,11 @@ def _household(horizon_s: float = 120.0, seed: int = 0, background: bool = True)
 
 TRACES = {"household": _household, "cold-background": cold_background, "index-start": index_start,
           "long-chat-prompts": long_chat_prompts, "search-during-background-window": search_during_background_window,
-          "household-real": household_real}
+          "household-real": household_real, "household-two-models": household_two_models}
 # household-real is the server's household at its defaults: 364 KV blocks (kv_cache_mb 256, SmolLM2-135M
 # in float32), 12 summaries in flight, SmolLM2-135M's costs on a 2-core CPU.
 TRACE_SETTINGS = {"household-real": TraceSettings(kv_blocks=364, background_in_flight=REAL_SUMMARIES_IN_FLIGHT,
-                                                  profile="cpu-135m")}
+                                                  profile="cpu-135m"),
+                  # voice on a 1B model, chat and the summaries on an 8B one, both on one 24 GB card
+                  "household-two-models": TraceSettings(models=(("voice", "voice-1b", "gpu-1b"),
+                                                                ("*", "chat-8b", "gpu-8b")))}
