@@ -98,6 +98,22 @@ class DeviceStats(msgspec.Struct):
     compiled_decode: CompiledDecode | None = None
 
 
+class ModelResidency(msgspec.Struct):
+    """One LLM the policy names, loaded or not (homeai/engine/model_pool.py ``ModelPool.snapshot``)."""
+
+    state: str = "loaded"  # unloaded | loading | loaded | unloading
+    loaded: bool = True
+    pinned: bool = False
+    load: str = "start"  # start | on_demand
+    resident_bytes: int = 0
+    load_s: float | None = None
+    num_loads: int = 0
+    waiting_for_load: int = 0
+    keep_alive: str = ""
+    expires_at: float | None = None
+    last_error: str | None = None
+
+
 class RecentRequest(msgspec.Struct):
     """One finished request (homeai/metrics/recorder.py FinishedRequest)."""
 
@@ -142,6 +158,7 @@ class StatsDoc(msgspec.Struct):
     classes: dict[str, ClassStats] = msgspec.field(default_factory=dict)
     users: dict[str, UserStats] = msgspec.field(default_factory=dict)
     device: dict[str, DeviceStats] = msgspec.field(default_factory=dict)
+    models: dict[str, ModelResidency] = msgspec.field(default_factory=dict)  # absent from older servers
     recent: list[RecentRequest] = msgspec.field(default_factory=list)  # most recent first
     policy: PolicyStatus = msgspec.field(default_factory=PolicyStatus)
 

@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Static
 
-from tui.documents import ClassStats, DeviceStats, UserStats
+from tui.documents import ClassStats, DeviceStats, ModelResidency, UserStats
 from tui.format import BAD, DIM, bar, fmt_ms, fmt_rate, pair, spark
 from tui.history import StatsHistory
 from tui.monitor import StatsScreen, monitor_of
@@ -89,6 +89,28 @@ class PersonRow(Horizontal):
         spark_box.update(spark(history.rate_buckets(self.user, columns, PEOPLE_SPAN_S), history.peak_rate()))
         text = " ".join(f"{c}:{v:.0f}" for c, v in sorted(entry.fairness.items()) if v) or "–"
         self.query_one(".fair", Static).update(Text(text, style=DIM, overflow="ellipsis", no_wrap=True))
+
+
+def residency_line(model: str, r: ModelResidency, width: int = 14) -> Text:
+    """An LLM the policy names that is not on the device now: unloaded, loading (and who waits), or why
+    its last load failed."""
+    name = model if len(model) <= width else model[: width - 1] + "…"
+    line = Text.assemble((f"{name:<{width}} ", "bold"), (r.state, DIM if r.state == "unloaded" else ""))
+    if r.waiting_for_load:
+        line.append(f" · {r.waiting_for_load} waiting", BAD)
+    if r.state == "unloaded":
+        line.append(" · loads on demand" if r.load == "on_demand" else " · loads when asked", DIM)
+    if r.last_error:
+        line.append(f" · last load failed: {r.last_error}", BAD)
+    return line
+
+
+def with_residency(line: Text, r: ModelResidency | None) -> Text:
+    """A loaded model's line, with what it holds and how long it stays once idle."""
+    if r is None:
+        return line
+    line.append(" · ", DIM).append(f"{r.resident_bytes / 2**20:.0f} MB")
+    return line.append(" · pinned" if r.pinned else f" · keep {r.keep_alive}", DIM)
 
 
 def device_line(model: str, d: DeviceStats, width: int = 14) -> Text:
@@ -170,7 +192,8 @@ class DashboardScreen(StatsScreen):
         self._show_classes(doc.classes)
         self._show_charts(doc.classes, history)
         self._show_people(doc.users, history)
-        lines = [device_line(m, d) for m, d in sorted(doc.device.items())]
+        lines = [with_residency(device_line(m, d), doc.models.get(m)) for m, d in sorted(doc.device.items())]
+        lines += [residency_line(m, r) for m, r in sorted(doc.models.items()) if m not in doc.device]
         self.query_one("#device", Static).update(Text("\n").join(lines) if lines else Text("no device", DIM))
 
     def _show_classes(self, classes: dict[str, ClassStats]) -> None:
