@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,7 +308,7 @@ class Gateway:
                                  timeout_us or None)
         return self.meter.stream(sub, self._leased(route.model, stream))
 
-    async def _leased(self, model: str, stream: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:
+    async def _leased(self, model: str, stream: AsyncGenerator[TokenDelta, None]) -> AsyncGenerator[TokenDelta, None]:
         """The stream, with its model kept on the device until it ends (keep_alive counts from then)."""
         if self.pool is not None:
             self.pool.lease(model)
@@ -316,7 +316,7 @@ class Gateway:
             async for delta in stream:
                 yield delta
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()  # aborts the sequence if it has not finished
             if self.pool is not None:
                 self.pool.release(model)
 
