@@ -18,6 +18,7 @@ sequence holds is never evicted.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from homeai.core.block_hash import BlockHash, extend_chain
 from homeai.core.prefix_stats import PrefixCacheStats
@@ -48,6 +49,7 @@ class BlockManager:
         # The last lookup(), for the admission that follows it: (seq id, cached blocks found, its chain).
         # Only one is kept, so a request that never gets admitted (a queue timeout) leaves nothing behind.
         self._pending: tuple[int, list[int], list[BlockHash]] | None = None
+        self.on_block: Callable[[int], None] | None = None  # told each block handed out (KV page prefault)
 
     # ---- reading ---------------------------------------------------------------------------------
     @property
@@ -156,11 +158,12 @@ class BlockManager:
         return list(hits)
 
     def _take_block(self) -> int:
-        if self._free:
-            return self._free.pop()
-        if not self.evict(1):
+        if not self._free and not self.evict(1):
             raise MemoryError("KV pool exhausted")
-        return self._free.pop()
+        block = self._free.pop()
+        if self.on_block is not None:
+            self.on_block(block)
+        return block
 
     def evict(self, num_blocks: int) -> int:
         """Drop up to ``num_blocks`` least recently used unreferenced cached blocks to the free list."""

@@ -79,6 +79,8 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
     num_blocks = max(1, cfg.kv_cache_mb * 2**20 // per_block)
     cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim, device, dtype)
     block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, model=folder.name)
+    if cache.prefault is not None:
+        block_manager.on_block = cache.prefault.handed_out
     tokenizer = load_tokenizer(folder)
     stop_ids = eos_ids(folder, model, tokenizer)
     runner = ModelRunner(model, block_manager, cache, GrammarCache(tokenizer, mc.vocab_size, stop_ids))

@@ -11,6 +11,8 @@ import math
 import numpy as np
 import torch
 
+from homeai.runtime.kv_prefault import KVPrefaulter
+
 
 class KVCache:
     """Keys and values for ``num_blocks * block_size`` token slots in every layer, sized once at start."""
@@ -27,6 +29,9 @@ class KVCache:
         # so a layer writes both with one index_copy and reads both with one index_select.
         shape = (num_layers, num_slots, 2, num_kv_heads, head_dim)
         self.kv = _lazy_zeros(shape, dtype) if device.type == "cpu" else torch.zeros(shape, device=device, dtype=dtype)
+        # Lazy pages are made resident just ahead of use (see kv_prefault); the builder connects it to the
+        # block manager (``BlockManager.on_block``).
+        self.prefault = KVPrefaulter(self.kv, num_blocks, block_size) if device.type == "cpu" else None
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
