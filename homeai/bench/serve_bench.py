@@ -15,7 +15,10 @@ Phases, in this order (``--phases`` picks some):
 
 1. single     sequential requests of 128 tokens: ``single_decode_tok_s``, the p50 of
               (output tokens - 1) / (last token - first token)
-2. idle       sequential requests of 2 tokens after a 46-token prompt: ``idle_ttft_p50_ms``
+2. idle       sequential requests of 2 tokens after a 46-token prompt: ``idle_ttft_p50_ms`` with every
+              prompt new (computed in full), then ``idle_warm_ttft_p50_ms`` for a voice assistant's turns:
+              the same system message each time, the user's last few words new (what a prefix cache
+              keeps, ours by whole 16-token blocks, llama-server's by token)
 3. streams    1, 4, 8, 16 clients each sending 128-token requests back to back for a fixed time:
               ``streams_N_tok_s``, the tokens that arrived inside the time ÷ the time
 4. household  voice every 2 s (40-token prompt, 32 tokens), chat every 5 s (100-token prompt, 128 tokens)
@@ -70,6 +73,7 @@ READ_TIMEOUT_S = 600.0  # between two chunks: a queued background request may wa
 ERROR_PAUSE_S = 0.2  # a client whose request failed waits this long, so a dead server is no busy loop
 RSS_EVERY_S = 0.5
 IDLE_GAP_S = 0.1  # between idle requests: the previous one's tail is over
+VOICE_TURN_NEW_WORDS = 4  # words of a voice turn that differ from the turn before (the user's new command)
 SERVER_ENV_SCRUBBED = ("HOMEAI_DATA_DIR", "HOMEAI_DATABASE_URL", "HOMEAI_HOST", "HOMEAI_PORT",
                        "HOMEAI_TEST_PAUSE_AFTER_FILES", "HOMEAI_TEST_PAUSE_MARKER")
 
@@ -192,9 +196,9 @@ def single_figures(records: list[RequestRecord]) -> dict[str, Any]:
     return {"single_decode_tok_s": percentile(present([r.decode_tok_s for r in records if r.ok]), 50)}
 
 
-def idle_figures(records: list[RequestRecord]) -> dict[str, Any]:
+def idle_figures(records: list[RequestRecord], key: str = "idle") -> dict[str, Any]:
     ttft = present([r.ttft_ms for r in records if r.ok])
-    return {"idle_ttft_p50_ms": percentile(ttft, 50), "idle_ttft_p99_ms": percentile(ttft, 99)}
+    return {f"{key}_ttft_p50_ms": percentile(ttft, 50), f"{key}_ttft_p99_ms": percentile(ttft, 99)}
 
 
 def window_tok_s(records: list[RequestRecord], start_s: float, window_s: float) -> float:
@@ -276,11 +280,22 @@ class Prompts:
     def __init__(self, seed: int | None = None) -> None:
         self._next = random.Random(seed).randrange(1_000_000)  # another run's cached prompts do not match
 
+        self._session = self._next  # the fixed system message of this run's voice turns
+
     def messages(self, num_tokens: int) -> list[dict[str, str]]:
         self._next = (self._next + 1) % 1_000_000
         words = " ".join(WORDS[i % len(WORDS)] for i in range(max(0, num_tokens - TEMPLATE_TOKENS)))
         return [{"role": "system", "content": f"Request {self._next:06d}. You are a helpful assistant."},
                 {"role": "user", "content": f"{INSTRUCTION} {words}".strip()}]
+
+    def voice_turn(self, num_tokens: int, turn: int) -> list[dict[str, str]]:
+        """A turn of one voice conversation: the same system message and opening every time, only the last
+        ``VOICE_TURN_NEW_WORDS`` words of the user's text differ (same length in tokens)."""
+        n = max(0, num_tokens - TEMPLATE_TOKENS)
+        fixed = [WORDS[i % len(WORDS)] for i in range(max(0, n - VOICE_TURN_NEW_WORDS))]
+        new = [WORDS[(turn * 7 + i) % len(WORDS)] for i in range(n - len(fixed))]
+        return [{"role": "system", "content": f"Request {self._session:06d}. You are a helpful assistant."},
+                {"role": "user", "content": " ".join([INSTRUCTION, *fixed, *new])}]
 
 
 # ---- the client --------------------------------------------------------------------------------------------
@@ -295,13 +310,15 @@ class Target:
     prompts: Prompts
 
     async def request(self, cls: str, prompt_tokens: int, max_tokens: int,
-                      into: list[RequestRecord] | None = None) -> RequestRecord:
+                      into: list[RequestRecord] | None = None, turn: int | None = None) -> RequestRecord:
         """Send one streamed request and record it (added to ``into`` before it is sent, so that a
-        request cancelled mid-way is still counted)."""
+        request cancelled mid-way is still counted). ``turn``: a voice conversation's turn, not a new prompt."""
         rec = RequestRecord(cls, prompt_tokens, max_tokens)
         if into is not None:
             into.append(rec)
-        await stream_request(self.client, self.model, rec, self.prompts.messages(prompt_tokens))
+        prompts = self.prompts
+        messages = prompts.messages(prompt_tokens) if turn is None else prompts.voice_turn(prompt_tokens, turn)
+        await stream_request(self.client, self.model, rec, messages)
         if rec.is_error:
             await asyncio.sleep(ERROR_PAUSE_S)
         return rec
@@ -384,11 +401,16 @@ async def single_phase(target: Target, opts: BenchOptions, log: Log) -> tuple[di
 
 async def idle_phase(target: Target, opts: BenchOptions, log: Log) -> tuple[dict[str, Any], list[RequestRecord]]:
     log(f"idle: {opts.idle_requests} sequential voice requests, {IDLE_PROMPT_TOKENS}-token prompt")
-    records: list[RequestRecord] = []
+    cold: list[RequestRecord] = []
     for _ in range(opts.idle_requests):
-        records.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS))
+        cold.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS))
         await asyncio.sleep(IDLE_GAP_S)
-    return idle_figures(records), records
+    log(f"idle: {opts.idle_requests} turns of one voice conversation (the last {VOICE_TURN_NEW_WORDS} words new)")
+    warm = [await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=0)]  # its first turn: not counted
+    for turn in range(1, opts.idle_requests + 1):
+        await asyncio.sleep(IDLE_GAP_S)
+        warm.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=turn))
+    return {**idle_figures(cold), **idle_figures(warm[1:], "idle_warm")}, cold + warm
 
 
 async def streams_level(target: Target, streams: int, window_s: float, max_tokens: int,
@@ -614,7 +636,8 @@ def assemble_report(url: str, model: str, opts: BenchOptions, figures: dict[str,
                     load: dict[str, float | None]) -> dict[str, Any]:
     """One JSON object: the headline figures first (null for a phase not run), then what they ran on."""
     levels = dict.fromkeys(f"streams_{n}_tok_s" for n in sorted({*STANDARD_LEVELS, *opts.stream_levels}))
-    return {"single_decode_tok_s": None, "idle_ttft_p50_ms": None, "idle_ttft_p99_ms": None, **levels,
+    return {"single_decode_tok_s": None, "idle_ttft_p50_ms": None, "idle_ttft_p99_ms": None,
+            "idle_warm_ttft_p50_ms": None, "idle_warm_ttft_p99_ms": None, **levels,
             "household": None, **figures,
             "errors": error_counts(records), "error_examples": error_examples(records),
             "lost": lost_count(records), "rss_mb": memory, "load_avg_1m": load,
@@ -626,7 +649,8 @@ def assemble_report(url: str, model: str, opts: BenchOptions, figures: dict[str,
 def format_table(report: dict[str, Any]) -> str:
     """The report for people: one figure a line, the household's loaded and reference side by side."""
     lines = [f"{'model':<28} {report['model']} at {report['url']}"]
-    scalar = ["single_decode_tok_s", "idle_ttft_p50_ms", *(k for k in report if k.startswith("streams_"))]
+    scalar = ["single_decode_tok_s", "idle_ttft_p50_ms", "idle_warm_ttft_p50_ms",
+              *(k for k in report if k.startswith("streams_"))]
     lines += [f"{key:<28} {_fmt(report.get(key))}" for key in scalar]
     if household := report.get("household"):
         ref = household["reference"]

@@ -182,3 +182,15 @@ def test_report_keeps_every_headline_key_and_prints_a_table() -> None:
     assert report["idle_ttft_p50_ms"] is None and report["errors"] == {"503": 1, "total": 1}
     table = format_table(report)
     assert "single_decode_tok_s" in table and "voice_ttft_p99_ms" in table and "450.0" in table
+
+
+def test_voice_turns_share_all_but_their_last_words_and_fresh_prompts_share_nothing() -> None:
+    from homeai.bench.serve_bench import VOICE_TURN_NEW_WORDS, Prompts
+
+    prompts = Prompts(seed=1)
+    first, second = prompts.voice_turn(46, turn=1), prompts.voice_turn(46, turn=2)
+    assert first[0] == second[0]  # the same system message: the prefix a cache keeps
+    a, b = first[1]["content"].split(), second[1]["content"].split()
+    assert len(a) == len(b) and a[:-VOICE_TURN_NEW_WORDS] == b[:-VOICE_TURN_NEW_WORDS]
+    assert a[-VOICE_TURN_NEW_WORDS:] != b[-VOICE_TURN_NEW_WORDS:]
+    assert prompts.messages(46)[0] != prompts.messages(46)[0]  # each fresh prompt opens with its own number
