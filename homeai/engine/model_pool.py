@@ -75,6 +75,13 @@ class Residency:
             return None
         return self.used_s + (0.0 if self.retired else self.keep_alive_s or 0.0)
 
+    def leaves_s(self) -> float | None:
+        """When the residency thread unloads it if nothing uses it meanwhile: its expiry, but never within
+        ``UNLOAD_GRACE_S`` of a request routed to it (keep_alive 0 would otherwise unload the model under the
+        very request that sent it, between its load check and its tokenizing)."""
+        expires = self.expires_s()
+        return None if expires is None else max(expires, self.used_s + UNLOAD_GRACE_S)
+
 
 @dataclass
 class ModelPool:
@@ -284,12 +291,12 @@ class ModelPool:
     def _expired(self, now: float) -> list[Residency]:
         with self._lock:
             return [r for r in self.models.values() if r.state == "loaded" and r.leases == 0 and r.waiting == 0
-                    and (t := r.expires_s()) is not None and t <= now
+                    and (t := r.leaves_s()) is not None and t <= now
                     and (r.engine is None or r.engine.is_idle())]
 
     def _next_expiry(self, now: float) -> float | None:
         with self._lock:
-            times = [t - now for r in self.models.values() if r.state == "loaded" and (t := r.expires_s()) is not None]
+            times = [t - now for r in self.models.values() if r.state == "loaded" and (t := r.leaves_s()) is not None]
             busy = any(r.state == "loaded" and r.expires_s() is not None and (r.leases or r.waiting)
                        for r in self.models.values())
         if busy:  # an expired model still serving: look again soon

@@ -178,3 +178,15 @@ def test_a_model_the_policy_no_longer_names_leaves_once_idle(rig: Any) -> None:
     assert r.configure(policy({"voice": {}})) == []
     r.later(UNLOAD_GRACE_S)
     wait_until(lambda: r.freed == ["chat"], what="chat unloaded")
+
+
+def test_keep_alive_0_from_a_request_keeps_the_model_until_that_request_has_it(rig: Any) -> None:
+    """A request's keep_alive 0 makes the model leave once idle, but not between the request's load check
+    and its tokenizing (before it holds a lease): the grace after the last routing covers that."""
+    r = rig(None)
+    r.configure(policy({"chat": {"keep_alive": "5m"}}))
+    r.pool.load_now(["chat"])
+    r.pool.keep_alive("chat", 0)  # the request routed to it now, with keep_alive 0
+    assert r.pool._expired(r.now) == [] and r.pool.snapshot()["chat"]["loaded"]
+    r.later(UNLOAD_GRACE_S)  # that request never took its lease (it failed validation, say): now it goes
+    wait_until(lambda: r.freed == ["chat"], what="chat unloaded once the grace passed")
