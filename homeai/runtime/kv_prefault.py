@@ -31,7 +31,9 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels answer EINVAL and the poo
 
 
 class KVPrefaulter:
-    """Background population of a CPU KV tensor laid out [layers, slots, ...], block by block."""
+    """Background population of a CPU KV tensor laid out [layers, slots, ...], block by block. A thread
+    runs while it is behind (``AHEAD_BLOCKS`` past the highest block handed out) and ends once it caught up;
+    the next one starts when half of that margin is used."""
 
     def __init__(self, kv: torch.Tensor, num_blocks: int, block_size: int) -> None:
         self._base = kv.data_ptr()
@@ -41,9 +43,9 @@ class KVPrefaulter:
         self._num_blocks = num_blocks
         self._done = 0  # blocks [0, done) are resident
         self._target = 0
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._running = False
+        self._stopped = False
         self._madvise = _libc_madvise()
 
     @property
@@ -51,32 +53,35 @@ class KVPrefaulter:
         return self._done
 
     def handed_out(self, block: int) -> None:
-        """The block manager handed out ``block`` (called on the device thread: one comparison)."""
-        target = min(self._num_blocks, block + 1 + AHEAD_BLOCKS)
-        if target > self._target:
-            self._target = target
-            if self._thread is None and self._madvise is not None:
-                self._thread = threading.Thread(target=self._run, name="homeai-kv-prefault", daemon=True)
-                self._thread.start()
-            self._wake.set()
+        """The block manager handed out ``block`` (called on the device thread: one comparison mostly)."""
+        if block + 1 + AHEAD_BLOCKS // 2 <= self._done or self._stopped or self._madvise is None:
+            return
+        with self._lock:
+            self._target = max(self._target, min(self._num_blocks, block + 1 + AHEAD_BLOCKS))
+            if self._running or self._done >= self._target:
+                return
+            self._running = True
+        threading.Thread(target=self._run, name="homeai-kv-prefault", daemon=True).start()
 
     def stop(self) -> None:
-        self._stop = True
-        self._wake.set()
+        self._stopped = True
 
     def _run(self) -> None:
         try:  # the least important thread: it only saves live steps their page faults
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
-        while not self._stop:
-            self._wake.wait()
-            self._wake.clear()
-            while not self._stop and self._done < self._target:
-                end = min(self._target, self._done + CHUNK_BLOCKS)
-                if not self._populate(self._done, end):
+        while True:
+            with self._lock:
+                if self._stopped or self._done >= self._target:
+                    self._running = False
                     return
-                self._done = end
+                start, end = self._done, min(self._target, self._done + CHUNK_BLOCKS)
+            if not self._populate(start, end):
+                with self._lock:
+                    self._stopped, self._running = True, False
+                return
+            self._done = end
 
     def _populate(self, start: int, end: int) -> bool:
         """Fault in blocks [start, end) of every layer; False once the kernel refuses (then never again)."""
