@@ -49,7 +49,8 @@ def test_quick_serve_bench_reports_every_figure(pulled_models: dict[str, Path], 
 def test_url_measures_a_running_server(pulled_models: dict[str, Path], homeai_cache_dir: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     with running_server(tmp_path / "data", homeai_cache_dir) as server:
-        out = run_bench(capsys, "--url", server.url, "--phases", "idle,single", "--single-requests", "1")
+        out = run_bench(capsys, "--url", server.url, "--phases", "idle,single", "--single-requests", "1",
+                        "--idle-requests", "2")
     assert out["errors"] == {"total": 0} and out["lost"] == 0
-    assert out["idle_ttft_p50_ms"] > 0 and out["single_decode_tok_s"] > 0
+    assert out["idle_ttft_p50_ms"] > 0 and out["idle_warm_ttft_p50_ms"] > 0 and out["single_decode_tok_s"] > 0
     assert out["rss_mb"] is None and out["household"] is None and out["streams_16_tok_s"] is None
