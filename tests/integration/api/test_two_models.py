@@ -4,9 +4,11 @@ scheduler under the one batcher. Its own server on a model repository of its own
 reads the already pulled folder in place, so nothing is downloaded.
 
 Both answer; Ollama's ``keep_alive: 0`` takes the chat model off the device (/api/ps, the server's RSS)
-and the next chat request loads it again; voice is answered while a chat flood decodes on the other model
-(its time to first token alone and under the flood is printed; the order voice-before-chat across models is
-asserted on virtual time in tests/unit/scheduling/test_model_set.py, never on this wall clock).
+and the next chat request loads it again; voice's median time to first token under a chat flood on the
+other model stays within 1.5x of its median without it, measured side by side in the same run (a ratio, as
+the acceptance of several models on one device asks; measured once more before failing, since two shared
+cores can stall one burst; the order voice-before-chat itself is asserted on virtual time in
+tests/unit/scheduling/test_model_set.py).
 """
 
 from __future__ import annotations
@@ -158,10 +160,13 @@ async def voice_ttft_alone_and_under_flood(url: str) -> tuple[float, float]:
     return statistics.median(alone), statistics.median(busy)
 
 
-def test_voice_is_answered_beside_a_chat_flood_on_the_other_model(two_models: ServerProcess) -> None:
-    alone, busy = asyncio.run(voice_ttft_alone_and_under_flood(two_models.url))
-    print(f"voice TTFT median {alone * 1000:.0f} ms alone, {busy * 1000:.0f} ms under the flood")
-    assert alone > 0 and busy > 0  # every voice request streamed a token, alone and beside the flood
+def test_voice_keeps_its_first_token_time_under_a_chat_flood_on_the_other_model(two_models: ServerProcess) -> None:
+    for _ in range(2):
+        alone, busy = asyncio.run(voice_ttft_alone_and_under_flood(two_models.url))
+        print(f"voice TTFT median {alone * 1000:.0f} ms alone, {busy * 1000:.0f} ms under the flood")
+        if busy <= 1.5 * alone:
+            break
+    assert busy <= 1.5 * alone, f"voice TTFT median {alone * 1000:.0f} ms alone, {busy * 1000:.0f} ms under the flood"
 
 
 async def voice_while_chat_loads(url: str) -> tuple[int, str, int]:
