@@ -3,7 +3,7 @@
 The pool is allocated lazily (calloc'd zero pages: resident only once written), so the step that first
 writes a block pays its page faults: 16 tokens of SmolLM2's float32 KV are 180 pages across the layers.
 On bare metal that is ~0.1 ms a block; in a virtual machine whose host backs guest memory on first touch
-(this project's 2-core test box) it was ~29 us a page: 28 ms of a 46-token prompt's 100 ms. Blocks are
+(this project's 2-core test box) it was ~29 us a page: 28-40 ms of a 46-token prompt's ~100 ms. Blocks are
 handed out lowest id first, so a thread that populates the blocks just past the highest one handed out
 (``MADV_POPULATE_WRITE``: pages faulted in without their content being touched, so it may run beside the
 device thread's writes) moves that cost off the request path, while the pool stays resident only as far
@@ -36,6 +36,7 @@ class KVPrefaulter:
     the next one starts when half of that margin is used."""
 
     def __init__(self, kv: torch.Tensor, num_blocks: int, block_size: int) -> None:
+        self._kv = kv  # held: a thread still populating keeps the pool mapped (an unloaded model's included)
         self._base = kv.data_ptr()
         self._layer_bytes = kv[0].numel() * kv.element_size()
         self._block_bytes = block_size * kv[0, 0].numel() * kv.element_size()
