@@ -279,7 +279,6 @@ class Prompts:
 
     def __init__(self, seed: int | None = None) -> None:
         self._next = random.Random(seed).randrange(1_000_000)  # another run's cached prompts do not match
-
         self._session = self._next  # the fixed system message of this run's voice turns
 
     def messages(self, num_tokens: int) -> list[dict[str, str]]:
