@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from homeai.bench.soak_server import stop_server
 from homeai.store.db import sqlite_url
 
 START_TIMEOUT_S = 300.0  # model loading on 2 busy cores can take minutes; a hung start still fails
@@ -92,13 +93,7 @@ class ServerProcess:
         if self.proc is None:
             return None
         proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_server(proc, STOP_TIMEOUT_S)
         return proc.returncode
 
     def kill(self) -> None:

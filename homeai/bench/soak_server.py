@@ -83,12 +83,12 @@ def soak_server(work_dir: Path) -> Iterator[SoakServer]:
         stop_server(proc)
 
 
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the server drains), then SIGKILL if it is still there after ``STOP_TIMEOUT_S``."""
+def stop_server(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM (the server drains), then SIGKILL if it is still there after ``timeout_s``."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -66,14 +66,6 @@ def holder(policy_file: Path) -> PolicyHolder:
     return PolicyHolder(load_policy(policy_file), source=str(policy_file))
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store.in_dir(tmp_path / "data")
-    await s.init()
-    yield s
-    await s.close()
-
-
 def make_app(holder: PolicyHolder, store: Store, **state: Any) -> Litestar:
     values = {"policy_holder": holder, "store": store, "gateway": FakeGateway(),
               "metrics": MetricsRecorder(), "stats_interval_s": 0.01, **state}

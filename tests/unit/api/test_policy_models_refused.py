@@ -6,10 +6,8 @@ says why. The catalog is a fake (no model is loaded): the running gateway regist
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
@@ -38,14 +36,6 @@ def catalog(f32_pulled: bool = True, f32_mb: int = 520, memory_mb: int = 8000,
               f"{SMOLLM}-f32": CatalogModel(f"{SMOLLM}-f32", "llm", f32_pulled, f32_mb * MB if f32_pulled else None),
               MINILM: CatalogModel(MINILM, "embedding", True, 87 * MB)}
     return ModelCatalog(models, memory_mb * MB, 256, require_pulled)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store.in_dir(tmp_path / "data")
-    await s.init()
-    yield s
-    await s.close()
 
 
 def app_with(holder: PolicyHolder, store: Store) -> Litestar:
