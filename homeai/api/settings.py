@@ -21,7 +21,6 @@ JOB_ROOTS_ENV = "HOMEAI_JOB_ROOTS"
 ALLOWED_HOSTS_ENV = "HOMEAI_ALLOWED_HOSTS"
 ORIGINS_ENV = "HOMEAI_ORIGINS"
 DRAIN_TIMEOUT_ENV = "HOMEAI_DRAIN_TIMEOUT_S"
-COMPILE_DECODE_ENV = "HOMEAI_COMPILE_DECODE"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
 POLICY_FILE_NAME = "policy.yaml"
@@ -87,8 +86,9 @@ class Settings:
     drain_timeout_s: float = field(default_factory=lambda: float(os.environ.get(DRAIN_TIMEOUT_ENV) or 30.0))
     # on SIGTERM: running requests may go on this long before their streams are ended (homeai/api/drain.py)
     device: str | None = None
-    # decode steps through torch.compile: "auto" (a GPU, or a CPU with 4+ cores), "on", "off"
-    compile_decode: str = field(default_factory=lambda: os.environ.get(COMPILE_DECODE_ENV) or "auto")
+    # decode steps through torch.compile: "auto", "on", "off"; None: the engine's default (HOMEAI_COMPILE_DECODE,
+    # else auto: wherever torch.compile works, see homeai/runtime/decode_graph.py)
+    compile_decode: str | None = None
     cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
     # None: SQLite in the data dir; else any SQLAlchemy async URL (postgresql+asyncpg://user:pw@host/db)
     database_url: str | None = field(default_factory=lambda: os.environ.get(DATABASE_URL_ENV) or None)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from homeai.api.settings import COMPILE_DECODE_ENV, DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
+from homeai.api.settings import DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
 
 
 def add_serve_command(subparsers: Any) -> None:
@@ -39,8 +39,8 @@ def add_serve_command(subparsers: Any) -> None:
                         help=f"on SIGTERM, how long running requests may go on (env {DRAIN_TIMEOUT_ENV}; "
                              "default 30)")
     parser.add_argument("--compile-decode", choices=["auto", "on", "off"], default=None,
-                        help=f"compile decode steps with torch.compile, in the background at start "
-                             f"(env {COMPILE_DECODE_ENV}; default auto: on a GPU, or a CPU with 4+ cores)")
+                        help="compile decode steps with torch.compile, in the background at start "
+                             "(env HOMEAI_COMPILE_DECODE; default auto: wherever torch.compile works here)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=cmd_serve)
 

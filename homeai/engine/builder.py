@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
-from homeai.runtime.decode_graph import CompiledDecode, should_compile, use_cache_dir
+from homeai.runtime.decode_graph import CompiledDecode, compile_mode_from_env, should_compile, use_cache_dir
 from homeai.runtime.device import choose_device, in_passing_thread, parse_dtype
 from homeai.runtime.fast_tokenizer import load_fast_tokenizer
 from homeai.runtime.grammar import GrammarCache
@@ -39,7 +39,8 @@ class EngineConfig:
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
-    compile_decode: str = "auto"  # "auto" | "on" | "off": decode steps through torch.compile (runtime/decode_graph)
+    # "auto" | "on" | "off": decode steps through torch.compile (runtime/decode_graph); default from the env
+    compile_decode: str = field(default_factory=compile_mode_from_env)
     cache_dir: Path | None = None  # where Inductor keeps compiled code between starts
 
 

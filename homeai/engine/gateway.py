@@ -33,6 +33,7 @@ from homeai.policy.store import PolicyHolder
 from homeai.repository.cache import default_cache_dir
 from homeai.repository.entries import EntryError, ModelEntry, load_entries
 from homeai.repository.pull import pull
+from homeai.runtime.decode_graph import compile_mode_from_env
 from homeai.runtime.device import choose_device, in_passing_thread, process_rss_mb
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
@@ -56,7 +57,7 @@ class GatewayConfig:
     kv_cache_mb: int = 256
     max_model_len: int | None = None
     pull_missing: bool = True
-    compile_decode: str = "auto"  # see EngineConfig.compile_decode
+    compile_decode: str | None = None  # None: EngineConfig's default (HOMEAI_COMPILE_DECODE, else auto)
 
 
 @dataclass(slots=True)
@@ -167,7 +168,8 @@ class Gateway:
         kv_cache_mb = policy.model_policy(name).kv_cache_mb or cfg.kv_cache_mb  # the policy's, for this model
         ecfg = EngineConfig(device=str(self.device), dtype=cfg.dtype or entry.dtype, kv_cache_mb=kv_cache_mb,
                             max_model_len=cfg.max_model_len or entry.served_len,
-                            quantization=entry.quantization, compile_decode=cfg.compile_decode,
+                            quantization=entry.quantization,
+                            compile_decode=cfg.compile_decode or compile_mode_from_env(),
                             cache_dir=cfg.cache_dir or default_cache_dir())
         return build_llm_engine(folder, ecfg, scheduler)
 

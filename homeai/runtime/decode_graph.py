@@ -44,6 +44,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # compiled in this order: one stream and sma
 # little; those buckets would cost minutes of compiling and resident graphs for it. They run eager.
 CPU_BUCKETS = (1, 2, 4, 8, 16)
 COMPILE_MODES = ("auto", "on", "off")
+COMPILE_DECODE_ENV = "HOMEAI_COMPILE_DECODE"
 SMALL_CPU_CORES = 4  # up to this many: Inductor compiles in this thread alone, no pool of compiler workers
 
 
@@ -72,6 +73,12 @@ def compile_unavailable(device: torch.device) -> str | None:
     except Exception as exc:  # noqa: BLE001 - Inductor raises its own error types for a missing compiler
         return f"no C++ compiler ({type(exc).__name__}: {exc})"
     return None if shutil.which(compiler) else f"no C++ compiler ({compiler} not found)"
+
+
+def compile_mode_from_env() -> str:
+    """The compile mode a server or an engine gets when nobody passes one: HOMEAI_COMPILE_DECODE, else auto.
+    Engines built in-process read it too, so one setting covers every engine of a process."""
+    return os.environ.get(COMPILE_DECODE_ENV) or "auto"
 
 
 def should_compile(mode: str, device: torch.device) -> bool:
@@ -152,7 +159,8 @@ def decode_forward(model: LlamaModel, cos: torch.Tensor, sin: torch.Tensor, inpu
 
 def _raise_recompile_limits() -> None:
     """One entry per bucket (and per context specialisation) of the same function: more than dynamo's
-    default of 8 recompiles."""
+    default of 8 recompiles. Dynamo's settings are per thread (context variables): call it in the thread
+    that compiles."""
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
                  "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
@@ -207,6 +215,7 @@ class CompiledDecode:
 
     def _compile_in_background(self) -> None:
         _yield_cpu_to_serving()
+        _raise_recompile_limits()
         self.compile_all()
 
     def compile_all(self) -> None:
@@ -224,6 +233,7 @@ class CompiledDecode:
         """Compile (or load from Inductor's cache) the graph of one bucket; False once one has failed."""
         if self.failed is not None:
             return False
+        _raise_recompile_limits()  # this thread's settings: whoever calls compiles
         start = time.perf_counter()
         try:
             # Two context lengths, so a dynamic context dimension is settled here, not on a live step.
