@@ -12,6 +12,7 @@ choice is the float dtype, said once in the log with the reason.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -38,8 +39,31 @@ def source_gguf(folder: Path) -> Path | None:
     return found[0] if found else None
 
 
+LAYER_TYPE_FILE = "gguf_layer_type.json"  # beside the GGUF's model folder: what gguf_layer_type found
+
+
 def gguf_layer_type(path: Path) -> str | None:
-    """The most common tensor type of the GGUF's decoder layers (``blk.*``), e.g. "Q4_1"."""
+    """The most common tensor type of the GGUF's decoder layers (``blk.*``), e.g. "Q4_1". Kept in
+    LAYER_TYPE_FILE (for this file's size and mtime) in the model folder: gguf's reader parses every
+    metadata field, the vocabulary's ~50k strings one by one, which took 4 s of each start."""
+    stat = path.stat()
+    key = {"gguf": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    kept = path.parent / LAYER_TYPE_FILE
+    try:
+        found = json.loads(kept.read_text())
+        if {k: found.get(k) for k in key} == key:
+            return found.get("layer_type")
+    except (OSError, ValueError, AttributeError):
+        pass  # not there yet, or unreadable: read the GGUF
+    layer_type = _read_layer_type(path)
+    try:
+        kept.write_text(json.dumps({**key, "layer_type": layer_type}) + "\n")
+    except OSError as exc:  # a read-only model folder: read the GGUF again next start
+        log.debug("cannot keep the layer type in %s: %s", kept, exc)
+    return layer_type
+
+
+def _read_layer_type(path: Path) -> str | None:
     from gguf import GGUFReader
 
     try:

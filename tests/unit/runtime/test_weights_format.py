@@ -55,3 +55,12 @@ def test_float_weights_and_explicit_choices(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(weights_format, "int4_available", lambda: "no int4 kernel in this build")
     fmt = choose_weights_format("auto", tmp_path, CPU)
     assert fmt.quantization == "none" and "no int4 kernel" in fmt.reason
+
+
+def test_the_layer_type_is_kept_for_this_file_and_read_again_when_it_changes(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path, GGMLQuantizationType.Q4_1)
+    assert weights_format.gguf_layer_type(path) == "Q4_1"
+    assert (tmp_path / weights_format.LAYER_TYPE_FILE).is_file()
+    assert weights_format.gguf_layer_type(path) == "Q4_1"  # from the kept file
+    write_gguf(tmp_path, GGMLQuantizationType.Q8_0)  # the same name, another file (size or mtime differ)
+    assert weights_format.gguf_layer_type(path) == "Q8_0"
