@@ -42,12 +42,14 @@ class BenchConfig:
     probe_mb: int = 1024  # size of the tensor summed to measure read bandwidth
     workloads: tuple[str, ...] = ("uniform", "mixed")
     compile_decode: bool = True  # ours with its compiled decode path (compiled before timing starts)
+    constrained_tokens: int = 64  # the constrained-decoding overhead: 16 streams of these, with and without a
+    constrained_rounds: int = 2  # schema, this many times
 
     @classmethod
     def quick(cls, concurrency: list[int], max_tokens: int = 16) -> BenchConfig:
         return cls(concurrency, uniform_tokens=max_tokens, mixed_min_tokens=max(1, max_tokens // 8),
                    mixed_max_tokens=max_tokens * 2, waves=1, prompt_tokens=(8, 16), probe_mb=128,
-                   compile_decode=False)
+                   compile_decode=False, constrained_tokens=16, constrained_rounds=1)
 
 
 @dataclass(slots=True)
@@ -244,7 +246,8 @@ def run_bench(folder: Path, cfg: BenchConfig, threads: int | None = None, log: A
                 log(_line(row))
         prompts = make_prompts(engine.tokenizer, 16, cfg)
         loop = run_alone(engine)
-        out.update(constrained_overhead(engine, prompts, max(cfg.uniform_tokens, 64), log=log))
+        out.update(constrained_overhead(engine, prompts, max(cfg.uniform_tokens, cfg.constrained_tokens),
+                                        cfg.constrained_rounds, log=log))
     finally:
         loop.shutdown()
     out.update(speed_figures(folder, cfg, log))
