@@ -1,6 +1,7 @@
-"""A half-minute soak (`homeai bench soak`; a user runs it for hours) against a real server: every class at once, streams dropped
-mid-way, 429 storms, policy swaps, indexing and prompt jobs. Afterwards no KV block is held, every
-submission the gateway metered has ended, and the request log has exactly one row per ended request.
+"""A half-minute soak (`homeai bench soak`; a user runs it for hours) against a real server: every class
+at once, streams dropped mid-way, 429 storms, policy swaps, indexing and prompt jobs. Afterwards no KV
+block is held, every submission the gateway metered has ended, and the request log has exactly one row
+per ended request.
 
 Memory and descriptor growth are reported, not judged here: half a minute is too short for a trend.
 """
