@@ -98,8 +98,9 @@ async def resident(gateway: Gateway, route: Route, ctx: RequestContext, keep_ali
         -> None:
     """Wait until the route's LLM is on the device (an on-demand or unloaded model loads now, off the
     device thread). The wait counts against the request's queue timeout, as a wait in its class queue
-    would (REJECT; under DELAY it waits for the load); a model that cannot fit or failed to load is a 503
-    naming it. The model stays ``keep_alive_s`` after the request (Ollama's; "policy": the policy's)."""
+    would (REJECT; under DELAY it waits for the load), and the waiting requests are held to the queue's
+    max_queue_size (429 past it); a model that cannot fit or failed to load is a 503 naming it. The model
+    stays ``keep_alive_s`` after the request (Ollama's; "policy": the policy's)."""
     default = gateway.policy.model_policy(route.model).keep_alive_s
     gateway.keep_alive(route.model, default if keep_alive_s == "policy" else keep_alive_s)  # type: ignore[arg-type]
     qp = gateway.policy.classes[route.class_name].queue_policy(ctx.priority_level or
@@ -109,7 +110,8 @@ async def resident(gateway: Gateway, route: Route, ctx: RequestContext, keep_ali
     if ctx.timeout_us and qp.allow_timeout_override:
         timeout_us = min(timeout_us, ctx.timeout_us) if timeout_us else ctx.timeout_us
     try:
-        await gateway.ensure_llm(route.model, timeout_us / 1e6 if timeout_us else None)
+        await gateway.ensure_llm(route.model, timeout_us / 1e6 if timeout_us else None, route.class_name,
+                                 qp.max_queue_size)
     except Exception as exc:
         raise to_api_error(exc) from None
 

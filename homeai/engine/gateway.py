@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -37,11 +38,13 @@ from homeai.runtime.decode_graph import compile_mode_from_env
 from homeai.runtime.device import choose_device, in_passing_thread, process_rss_mb
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
+from homeai.scheduling.class_queue import QueueFullError
 from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.model_set import ModelSet
 from homeai.scheduling.step_budget import CALIBRATION_FILE, load_step_cost
 
 log = logging.getLogger(__name__)
+LOAD_RETRY_AFTER_S = 2.0  # Retry-After of a request refused while its model loads (a load takes seconds)
 
 
 class UnknownModelError(LookupError):
@@ -83,6 +86,8 @@ class Gateway:
     device: Any = None  # the torch device every model is on
     rss_at_ready_mb: float = 0.0  # resident memory once every model is loaded (reported in /v1/stats)
     meter: Meter = field(default_factory=Meter)  # every submission below is recorded here, once
+    # requests waiting for their model's load, by (model, class): held to the class's max_queue_size
+    loading_waiters: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     @property
     def policy(self) -> Policy:
@@ -258,17 +263,23 @@ class Gateway:
             raise UnknownModelError(f"LLM {model!r} is not served")
         return engine
 
-    async def ensure_llm(self, model: str, timeout_s: float | None = None) -> LLMEngine:
+    async def ensure_llm(self, model: str, timeout_s: float | None = None, class_name: str = "",
+                         max_waiting: int = 0) -> LLMEngine:
         """The LLM's engine, loaded first if it is not (off the device thread: the other models step on
         meanwhile). The wait counts against ``timeout_s`` (the request's queue timeout; None: none), and
         raises QueueTimeoutError past it; ModelCapacityError when the model cannot fit, ModelLoadError when
-        its load failed."""
+        its load failed. Requests of ``class_name`` waiting for the load are held to ``max_waiting`` (its
+        queue's max_queue_size; 0: no limit), as its queue would hold them: one more is QueueFullError (429)."""
         engine = self.llms.get(model)
         if engine is not None or self.pool is None or model not in self.pool.models:
             return engine if engine is not None else self.llm(model)
         future = self.pool.acquire(model)
         if future.done():
             return future.result()
+        key = (model, class_name)
+        if max_waiting and self.loading_waiters[key] >= max_waiting:
+            raise QueueFullError(LOAD_RETRY_AFTER_S, class_name)
+        self.loading_waiters[key] += 1
         self.pool.waiting(model, +1)
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
@@ -276,6 +287,7 @@ class Gateway:
             raise QueueTimeoutError(f"queue timeout: model {model!r} was still loading") from None
         finally:
             self.pool.waiting(model, -1)
+            self.loading_waiters[key] -= 1
 
     def keep_alive(self, model: str, seconds: float | None, unload_now: bool = False) -> None:
         """Ollama's keep_alive for an LLM: it stays ``seconds`` after its last request (None: it stays; 0:

@@ -1,0 +1,57 @@
+"""Requests for a model that is still loading wait in the gateway as they would in their class queue: the
+wait counts against their queue timeout, and their class's max_queue_size holds how many may wait (429
+past it, with Retry-After). Before, any number waited, unrefused, for as long as a load took."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from homeai.engine.errors import QueueTimeoutError
+from homeai.engine.gateway import LOAD_RETRY_AFTER_S, Gateway
+from homeai.policy.loader import load_policy
+from homeai.policy.store import PolicyHolder
+from homeai.scheduling.class_queue import QueueFullError
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "default.yaml"
+
+
+class LoadingPool:
+    """A model pool whose one model is loading until ``finish``."""
+
+    def __init__(self) -> None:
+        self.models = {"big": object()}
+        self.load: Future[Any] = Future()
+        self.waits = 0
+
+    def acquire(self, model: str) -> Future[Any]:
+        return self.load
+
+    def waiting(self, model: str, delta: int) -> None:
+        self.waits += delta
+
+
+def test_waiting_for_a_load_is_held_to_the_queue_size_and_its_timeout() -> None:
+    pool = LoadingPool()
+    gateway = Gateway(PolicyHolder(load_policy(DEFAULT_POLICY)), pool=pool)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        first = asyncio.create_task(gateway.ensure_llm("big", None, "chat", max_waiting=2))
+        second = asyncio.create_task(gateway.ensure_llm("big", None, "chat", max_waiting=2))
+        other_class = asyncio.create_task(gateway.ensure_llm("big", None, "voice", max_waiting=2))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError) as full:
+            await gateway.ensure_llm("big", None, "chat", max_waiting=2)
+        assert full.value.retry_after_s == LOAD_RETRY_AFTER_S and full.value.class_name == "chat"
+        with pytest.raises(QueueTimeoutError, match="still loading"):
+            await gateway.ensure_llm("big", 0.01, "embedding", max_waiting=0)
+        engine = object()
+        pool.load.set_result(engine)
+        assert await asyncio.gather(first, second, other_class) == [engine] * 3
+        assert pool.waits == 0 and sum(gateway.loading_waiters.values()) == 0
+
+    asyncio.run(scenario())
