@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from homeai.bench.engine_bench import best_s
-from homeai.bench.speed_bench import SHAPES
+from homeai.bench.shapes import SHAPES
 from homeai.runtime.llama_config import LlamaConfig
 
 
@@ -97,13 +97,6 @@ def _one_row_count(xs: list[torch.Tensor], dense: list[torch.Tensor], packed: li
         row["int8_native"] = best_ms(lambda: [native(x, q, s) for x, (q, s) in zip(xs, quantized, strict=True)],
                                 repeats)
     return row
-
-
-def add_kernel_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose weight shapes")
-    p.add_argument("--rows", default="1,2,4,8,16,32,64", help="activation rows (decode batch sizes)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run_kernel_bench(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from homeai.bench.shapes import SHAPES
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import SamplingParams
@@ -33,14 +34,6 @@ from homeai.runtime.llama_config import LlamaConfig
 from homeai.scheduling.fcfs import FCFSScheduler
 
 TTFT_PROMPT_TOKENS = 46  # the idle-TTFT prompt, as long as the one homeai bench serve's idle phase sends
-SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2-135m": {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_layers": 30,
-                     "num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "rope_theta": 100000.0,
-                     "max_position_embeddings": 8192, "tie_word_embeddings": True},
-    "llama-3.2-1b": {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_layers": 16,
-                     "num_heads": 32, "num_kv_heads": 8, "head_dim": 64, "rope_theta": 500000.0,
-                     "max_position_embeddings": 8192, "tie_word_embeddings": True},
-}
 
 
 class RandomWeights(Mapping[str, torch.Tensor]):

@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from homeai.bench.shapes import SHAPES
+
 
 def add_bench_commands(subparsers: Any) -> None:
     """Register ``bench`` with its sub-benchmarks; each sets ``func(args) -> int``."""
@@ -28,7 +30,6 @@ def add_bench_commands(subparsers: Any) -> None:
     p.set_defaults(func=cmd_bench_engine)
 
     from homeai.bench.calibrate import add_calibrate_arguments, run_calibrate
-    from homeai.bench.kernel_bench import add_kernel_arguments, run_kernel_bench
     from homeai.bench.prefix_bench import add_prefix_arguments, run_prefix
     from homeai.bench.sim_bench import add_sim_arguments, run_sim
 
@@ -42,8 +43,11 @@ def add_bench_commands(subparsers: Any) -> None:
 
     add_speed_commands(kinds)
     p = kinds.add_parser("kernels", help="int8 matmul kernels side by side on one model's weight shapes")
-    add_kernel_arguments(p)
-    p.set_defaults(func=run_kernel_bench)
+    p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose weight shapes")
+    p.add_argument("--rows", default="1,2,4,8,16,32,64", help="activation rows (decode batch sizes)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_kernels)
     p = kinds.add_parser("prefix", help="prefix caching: warm vs cold TTFT of a long system prompt, a voice trace")
     add_prefix_arguments(p)
     p.set_defaults(func=run_prefix)
@@ -59,6 +63,12 @@ def add_bench_commands(subparsers: Any) -> None:
                    "(default: a temporary folder, removed afterwards)")
     p.add_argument("--seed", type=int, default=0, help="seed of the clients' choices")
     p.set_defaults(func=cmd_bench_soak)
+
+
+def cmd_bench_kernels(args: argparse.Namespace) -> int:
+    from homeai.bench.kernel_bench import run_kernel_bench  # torch: only when this bench runs
+
+    return run_kernel_bench(args)
 
 
 def cmd_bench_soak(args: argparse.Namespace) -> int:
