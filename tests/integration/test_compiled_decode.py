@@ -1,11 +1,13 @@
-"""The compiled decode path (homeai.runtime.decode_graph) against the eager one, on the real SmolLM2-135M.
+"""The compiled decode path (homeai.runtime.decode_graph) against the eager one, on the real SmolLM2-135M
+weights, its first layers (every layer compiles to the same code; tests/unit/runtime/test_step_shapes.py
+drives every weight format through the compiled path on a small model).
 
-Each test compiles one batch bucket (about a minute on two cores; Inductor's disk cache makes reruns
-faster): (a) logits of every decode step match eager within the tolerance the eager path meets against
-transformers, with rows padded up to the bucket and contexts spanning several blocks, and the padding
-writes only the scratch block; (b) the CUDA-graph layout (context padded to the model's maximum) gives
-the same logits; (c) through the ModelRunner, greedy outputs are identical with and without the
-compiled path, and the steps were in fact served compiled.
+Each test compiles one batch bucket (half a minute on two cores, most of it Inductor's first start; its
+disk cache makes reruns faster): (a) logits of every decode step match eager within the tolerance the
+eager path meets against transformers, with rows padded up to the bucket and contexts spanning several
+blocks, and the padding writes only the scratch block; (b) the CUDA-graph layout (context padded to the
+model's maximum) gives the same logits; (c) through the ModelRunner, greedy outputs are identical with
+and without the compiled path, and the steps were in fact served compiled.
 """
 
 from __future__ import annotations
@@ -35,10 +37,17 @@ TEXTS = ["The quick brown fox", "Water boils at",
          "harbour, untied his little blue boat and rowed out past the lighthouse to where the mackerel ran"]
 
 
+COMPILED_LAYERS = 4  # of SmolLM2's 30: each layer compiles to the same code, and 30 take ~45 s on two cores
+
+
 @pytest.fixture(scope="module")
 def model(pulled_models: dict[str, Path]) -> LlamaModel:
+    """The real SmolLM2 weights and tokenizer, its first COMPILED_LAYERS layers (compiled and eager alike)."""
     torch.set_num_threads(2)
-    return LlamaModel.from_folder(pulled_models["smollm2-135m-instruct"], torch.device("cpu"), torch.float32)
+    model = LlamaModel.from_folder(pulled_models["smollm2-135m-instruct"], torch.device("cpu"), torch.float32)
+    model.layers = model.layers[:COMPILED_LAYERS]
+    model.cfg.num_layers = COMPILED_LAYERS
+    return model
 
 
 @pytest.fixture(scope="module")
