@@ -215,7 +215,6 @@ class CompiledDecode:
 
     def _compile_in_background(self) -> None:
         _yield_cpu_to_serving()
-        _raise_recompile_limits()
         self.compile_all()
 
     def compile_all(self) -> None:
