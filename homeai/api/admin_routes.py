@@ -7,8 +7,8 @@
     GET  /admin/policy/history/{version}   one version with its text
     POST /admin/policy/rollback            ?version=N or {"version": N}; neither: the previous version
 
-Every route needs an admin caller (``require_admin``). Uses ``app.state.policy_holder``,
-``app.state.store`` and, if set, ``app.state.policy_path``: an applied policy is also written there so
+Every route needs an admin caller (``require_admin``). Handlers receive the policy holder, the store and,
+if set, the policy file's path (homeai/api/services.py): an applied policy is also written there so
 that a restart (and the file watcher) keeps it. An invalid policy answers 422 with every error's
 key path, message and 1-based line (null when the error has none, e.g. an empty file); nothing changes.
 """
@@ -24,6 +24,7 @@ from litestar.params import Parameter
 
 from homeai.api.auth import ADMIN, require_admin, resolve_caller
 from homeai.api.policy_apply import Applied, apply_policy_text, check_policy_text, record_running_policy, running_text
+from homeai.api.services import Injected
 from homeai.policy.loader import PolicyError
 from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
@@ -59,19 +60,6 @@ async def _yaml_text(request: Request[Any, Any, Any]) -> str | None:
         return None
 
 
-def _holder(request: Request[Any, Any, Any]) -> PolicyHolder:
-    return request.app.state.policy_holder
-
-
-def _store(request: Request[Any, Any, Any]) -> Store | None:
-    return request.app.state.get("store")
-
-
-def _persist_path(request: Request[Any, Any, Any]) -> Path | None:
-    path = request.app.state.get("policy_path")
-    return Path(path) if path is not None else None
-
-
 def _applied_body(applied: Applied, holder: PolicyHolder) -> dict[str, Any]:
     return {"changed": applied.changed, "diff": applied.diff, "version": applied.stored_version,
             "swap_version": applied.swap_version, "warning": applied.warning, "written_to": applied.written_to,
@@ -79,35 +67,34 @@ def _applied_body(applied: Applied, holder: PolicyHolder) -> dict[str, Any]:
 
 
 @get("/policy", media_type=YAML_MEDIA_TYPE, summary="The running policy (YAML)")
-async def get_policy(request: Request[Any, Any, Any]) -> Response[str]:
-    return Response(running_text(_holder(request)), media_type=YAML_MEDIA_TYPE)
+async def get_policy(policy_holder: Injected[PolicyHolder]) -> Response[str]:
+    return Response(running_text(policy_holder), media_type=YAML_MEDIA_TYPE)
 
 
 @put("/policy", summary="Validate and apply a policy (YAML body)", status_code=200,
      opt={"body": "yaml"})  # application/yaml, text/yaml, text/plain or no type (homeai/api/body_guard.py)
-async def put_policy(request: Request[Any, Any, Any]) -> Response[Any]:
+async def put_policy(request: Request[Any, Any, Any], policy_holder: Injected[PolicyHolder],
+                     store: Injected[Store | None], policy_path: Injected[Path | None]) -> Response[Any]:
     text = await _yaml_text(request)
     if text is None:
         return error_response(400, "the policy must be UTF-8 YAML text")
     caller = await resolve_caller(request)
-    holder = _holder(request)
     try:
-        applied = await apply_policy_text(holder, _store(request), text, caller.user, note="PUT /admin/policy",
-                                          source="PUT /admin/policy", persist_to=_persist_path(request))
+        applied = await apply_policy_text(policy_holder, store, text, caller.user, note="PUT /admin/policy",
+                                          source="PUT /admin/policy", persist_to=policy_path)
     except PolicyError as e:
         return policy_error_response(e)
-    return Response(_applied_body(applied, holder))
+    return Response(_applied_body(applied, policy_holder))
 
 
 @post("/policy/validate", summary="Validate a policy without applying it (YAML body)", status_code=200,
       opt={"body": "yaml"})  # the same types as PUT; a dry run: swaps, stores and writes nothing
-async def validate_policy(request: Request[Any, Any, Any]) -> Response[Any]:
+async def validate_policy(request: Request[Any, Any, Any], policy_holder: Injected[PolicyHolder]) -> Response[Any]:
     text = await _yaml_text(request)
     if text is None:
         return error_response(400, "the policy must be UTF-8 YAML text")
-    holder = _holder(request)
     try:
-        checked = check_policy_text(holder, text, source="POST /admin/policy/validate")
+        checked = check_policy_text(policy_holder, text, source="POST /admin/policy/validate")
     except PolicyError as e:
         return policy_error_response(e)
     policy = checked.policy
@@ -118,24 +105,22 @@ async def validate_policy(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @get("/policy/history", summary="Applied policy versions, newest first")
 async def policy_history(
-    request: Request[Any, Any, Any], limit: Annotated[int, Parameter(ge=1, le=1000)] = 50,
+    policy_holder: Injected[PolicyHolder], store: Injected[Store | None],
+    limit: Annotated[int, Parameter(ge=1, le=1000)] = 50,
 ) -> Response[Any]:
-    store = _store(request)
     if store is None:
         return error_response(503, "no store: the policy history is unavailable")
-    holder = _holder(request)
-    await record_running_policy(holder, store)
+    await record_running_policy(policy_holder, store)
     versions = await store.policy_versions.history(limit)
-    current_text = running_text(holder)
+    current_text = running_text(policy_holder)
     current = next((v.version for v in versions if v.yaml_text == current_text), None)
     return Response({"current": current, "versions": [v.summary() for v in versions]})
 
 
 @get("/policy/history/{version:int}", summary="One applied policy version with its YAML")
 async def policy_version(
-    request: Request[Any, Any, Any], version: Annotated[int, Parameter(ge=1, le=MAX_VERSION)],
+    store: Injected[Store | None], version: Annotated[int, Parameter(ge=1, le=MAX_VERSION)],
 ) -> Response[Any]:
-    store = _store(request)
     if store is None:
         return error_response(503, "no store: the policy history is unavailable")
     found = await store.policy_versions.get(version)
@@ -146,10 +131,10 @@ async def policy_version(
 
 @post("/policy/rollback", summary="Re-apply a stored version (default: the previous one)", status_code=200)
 async def rollback_policy(
-    request: Request[Any, Any, Any],
+    request: Request[Any, Any, Any], policy_holder: Injected[PolicyHolder], store: Injected[Store | None],
+    policy_path: Injected[Path | None],
     query_version: Annotated[int | None, Parameter(query="version", ge=1, le=MAX_VERSION)] = None,
 ) -> Response[Any]:
-    store = _store(request)
     if store is None:
         return error_response(503, "no store: nothing to roll back to")
     raw = await request.body()
@@ -164,9 +149,8 @@ async def rollback_policy(
     if query_version is not None and version is not None and query_version != version:
         return error_response(400, f"the query asks for version {query_version} and the body for {version}")
     version = query_version if query_version is not None else version
-    holder = _holder(request)
     if version is None:
-        await record_running_policy(holder, store)
+        await record_running_policy(policy_holder, store)
         history = await store.policy_versions.history(limit=2)
         if len(history) < 2:
             return error_response(409, "there is no previous policy version")
@@ -176,12 +160,12 @@ async def rollback_policy(
         return error_response(404, f"no policy version {version}")
     caller = await resolve_caller(request)
     try:
-        applied = await apply_policy_text(holder, store, target.yaml_text, caller.user,
+        applied = await apply_policy_text(policy_holder, store, target.yaml_text, caller.user,
                                           note=f"rollback to {version}", source=f"policy version {version}",
-                                          persist_to=_persist_path(request))
+                                          persist_to=policy_path)
     except PolicyError as e:  # stored under an older schema that no longer validates
         return policy_error_response(e)
-    return Response({**_applied_body(applied, holder), "rolled_back_to": version})
+    return Response({**_applied_body(applied, policy_holder), "rolled_back_to": version})
 
 
 admin_router = Router(

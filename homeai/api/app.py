@@ -1,9 +1,10 @@
-"""The composition root: ``create_app(settings)`` wires routes, error mapping, state and lifespans.
+"""The composition root: ``create_app(settings)`` wires routes, error mapping, services and lifespans.
 
 Lifespans start services in order and stop them in reverse: the store (SQLite in the data dir), the
 engine (``Gateway.start`` loads models, which blocks, so it runs in a worker thread: the event loop
-never waits on the device), then the policy-file watcher. The admin, observability, jobs and key parts are
-built by their own modules and registered here.
+never waits on the device), then the policy-file watcher; each keeps what it starts in the app's one
+``Services`` (homeai/api/services.py), which handlers receive through Litestar's dependency injection. The
+admin, observability, jobs and key parts are built by their own modules and registered here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
@@ -31,13 +31,13 @@ from homeai.api.ollama_routes import OllamaController, ollama_root, ollama_root_
 from homeai.api.openai_routes import OpenAIController
 from homeai.api.origin_guard import web_protection
 from homeai.api.policy_apply import record_running_policy, use_catalog
-from homeai.api.policy_startup import PolicyRefusal, fall_back_to_stored, startup_catalog, startup_holder
+from homeai.api.policy_startup import fall_back_to_stored, startup_catalog, startup_holder
 from homeai.api.policy_watcher import start_policy_watcher
 from homeai.api.responses_routes import ResponsesController
+from homeai.api.services import DEPENDENCIES, Services, app_state, services_of
 from homeai.api.settings import Settings
 from homeai.engine.gateway import Gateway, GatewayConfig
 from homeai.engine.metering import Meter
-from homeai.metrics.recorder import MetricsRecorder
 from homeai.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -47,40 +47,41 @@ log = logging.getLogger(__name__)
 async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
     """SQLite (users, keys, request log, policy versions); the running policy is recorded once. After
     a refused policy file, the newest valid stored version replaces the packaged default first."""
-    settings = app.state.settings
+    services = services_of(app)
+    settings = services.settings
     store = Store(settings.database_url) if settings.database_url else Store.in_dir(settings.data_dir)
     await store.init()
-    app.state.store = store
-    refusal: PolicyRefusal | None = app.state.get("policy_refusal")
+    services.store = store
     try:
-        if refusal is not None:
-            await fall_back_to_stored(app.state.policy_holder, store, refusal)
-        await record_running_policy(app.state.policy_holder, store)
+        if services.policy_refusal is not None:
+            await fall_back_to_stored(services.policy_holder, store, services.policy_refusal)
+        await record_running_policy(services.policy_holder, store)
     except Exception:
         log.exception("could not record the running policy in the store")
     try:
         yield
     finally:
-        app.state.store = None
+        services.store = None
         await store.close()
 
 
 @asynccontextmanager
 async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
     """Load the policy's models and start the device loop (in a thread: loading blocks for seconds)."""
-    settings: Settings = app.state.settings
+    services = services_of(app)
+    settings = services.settings
     config = GatewayConfig(cache_dir=settings.cache_dir, device=settings.device, kv_cache_mb=settings.kv_cache_mb,
                            compile_decode=settings.compile_decode)
-    gateway = Gateway(app.state.policy_holder, config, meter=Meter(app.state.metrics))  # meters every submission
+    gateway = Gateway(services.policy_holder, config, meter=Meter(services.metrics))  # meters every submission
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, gateway.start)
-    app.state.gateway = gateway
-    use_catalog(app.state.policy_holder, gateway.catalog)  # new policies: against what is pulled and fits
+    services.gateway = gateway
+    use_catalog(services.policy_holder, gateway.catalog)  # new policies: against what is pulled and fits
     log.info("serving %s on http://%s:%d", ", ".join(gateway.served_models()), settings.host, settings.port)
     try:
         yield
     finally:
-        app.state.gateway = None
+        services.gateway = None
         await loop.run_in_executor(None, gateway.shutdown)
 
 
@@ -88,19 +89,23 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
 async def drain_lifespan(app: Litestar) -> AsyncIterator[None]:
     """Arm the drain (``homeai serve`` calls ``begin`` on SIGTERM): at its deadline, the gateway's open
     generations are ended with an error that each stream turns into its API's final message."""
-    drain: Drain = app.state.drain
-    drain.attach(asyncio.get_running_loop(), lambda: end_open_generations(app.state.get("gateway")))
+    services = services_of(app)
+    services.drain.attach(asyncio.get_running_loop(), lambda: end_open_generations(services.gateway))
     try:
         yield
     finally:
-        drain.close()
+        services.drain.close()
 
 
 @asynccontextmanager
 async def policy_watcher_lifespan(app: Litestar) -> AsyncIterator[None]:
     """Hot reload: an edited policy file is applied; an invalid one is refused and logged."""
-    task = start_policy_watcher(app.state.policy_holder, app.state.policy_path, app.state.get("store"),
-                 app.state.settings.policy_poll_s)
+    services = services_of(app)
+    if services.policy_path is None:  # nothing to watch
+        yield
+        return
+    task = start_policy_watcher(services.policy_holder, services.policy_path, services.store,
+                                services.settings.policy_poll_s)
     try:
         yield
     finally:
@@ -131,14 +136,15 @@ def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings()
     policy_path = settings.prepare_data_dir()
     holder, refusal = startup_holder(policy_path, startup_catalog(settings))
+    services = Services(settings, holder, policy_path=policy_path, policy_refusal=refusal,
+                        drain=Drain(settings.drain_timeout_s))
     return Litestar(
         route_handlers=ROUTE_HANDLERS,
         **protection(settings),
         # request log and jobs start after the engine and stop before it
         lifespan=[store_lifespan, engine_lifespan, background_lifespan, drain_lifespan, policy_watcher_lifespan],
-        state=State({"settings": settings, "bind_host": settings.host, "policy_holder": holder,
-                     "policy_path": policy_path, "metrics": MetricsRecorder(), "gateway": None, "store": None,
-                     "policy_refusal": refusal, "drain": Drain(settings.drain_timeout_s)}),
+        state=app_state(services),  # the lifespans fill in what they start
+        dependencies=DEPENDENCIES,  # handlers name the services they need (homeai/api/services.py)
         openapi_config=OpenAPIConfig(title="HomeAI Gateway", version="0.1.0", path="/schema",
                                      render_plugins=[SwaggerRenderPlugin()]),
     )

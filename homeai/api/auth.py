@@ -1,9 +1,9 @@
 """Who is calling: an API key gives the user, a default class and the admin flag.
 
 Keys are required once any key exists, or whenever the server listens on a non-loopback address
-(``app.state.settings.requires_keys``, or ``app.state.bind_host``). Without keys on loopback every
-caller is ``anonymous`` and an admin: a single-machine household needs no setup. A key comes as
-``Authorization: Bearer KEY`` (what the openai and ollama clients send) or ``X-API-Key: KEY``.
+(``Settings.requires_keys``). Without keys on loopback every caller is ``anonymous`` and an admin: a
+single-machine household needs no setup. A key comes as ``Authorization: Bearer KEY`` (what the openai
+and ollama clients send) or ``X-API-Key: KEY``.
 
 ``authenticate`` is the app's guard on every route: guards run before Litestar parses a body, so an
 unauthenticated request gets 401 whatever its body holds (and an oversized, over-nested or mistyped
@@ -22,7 +22,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers.base import BaseRouteHandler
 
 from homeai.api.body_guard import check_body
-from homeai.api.settings import Settings, is_loopback
+from homeai.api.services import services_of
 from homeai.store.keys import KeyStoreUnavailable
 
 ANONYMOUS = "anonymous"
@@ -55,27 +55,19 @@ def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     return value or None
 
 
-def keys_required_by_bind(state: Any) -> bool:
-    """Whether the server listens beyond loopback (keys mandatory even before any exists)."""
-    settings = state.get("settings")
-    if isinstance(settings, Settings):
-        return settings.requires_keys
-    host = state.get("bind_host")
-    return host is not None and not is_loopback(str(host))
-
-
 async def resolve_caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     """Authenticate the request (401 when a key is needed and missing or wrong; 503 if the keys
     cannot be read). The result is kept on the request, so calling it twice costs nothing."""
     cached = connection.state.get(_CALLER_STATE_KEY)
     if isinstance(cached, Caller):
         return cached
-    state = connection.app.state
-    store = state.get("store")
+    services = services_of(connection)
+    store = services.store
     key = presented_key(connection)
     try:
         info = await store.keys.verify(key) if store is not None and key else None
-        required = keys_required_by_bind(state) or (store is not None and await store.keys.has_active())
+        # beyond loopback keys are mandatory, even before any exists
+        required = services.settings.requires_keys or (store is not None and await store.keys.has_active())
     except KeyStoreUnavailable as e:
         raise ServiceUnavailableException("API keys are unavailable (the store cannot be read)") from e
     if info is not None:

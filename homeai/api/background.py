@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar
 
+from homeai.api.services import services_of
 from homeai.jobs.manager import JobManager
-from homeai.metrics.recorder import MetricsRecorder
 from homeai.search.matrix_cache import SearchIndex
 from homeai.store.request_log import RequestLogWriter
 
@@ -25,26 +25,29 @@ BATCH_CHUNKS_ENV = "HOMEAI_INDEX_BATCH_CHUNKS"  # chunks per indexing request (d
 
 @asynccontextmanager
 async def background_lifespan(app: Litestar) -> AsyncIterator[None]:
-    state = app.state
-    store = state.get("store")
+    services = services_of(app)
+    store = services.store
     if store is None:
         yield
         return
+    if store.sessions is None:
+        raise RuntimeError("Store.init() has not run")  # store_lifespan opens the store before this starts
     writer = RequestLogWriter(store.sessions)
     writer.start()
-    state.request_log = writer
-    recorder: MetricsRecorder = state.metrics  # the gateway meters every request into it
+    services.request_log = writer
+    recorder = services.metrics  # the gateway meters every request into it
     recorder.listeners.append(writer.submit)  # one row per metered request, jobs' included
-    manager = JobManager(store, lambda: state.get("gateway"), batch_chunks=int(os.environ.get(BATCH_CHUNKS_ENV, "32")))
+    manager = JobManager(store, lambda: services.gateway,
+                         batch_chunks=int(os.environ.get(BATCH_CHUNKS_ENV, "32")))
     await manager.start()
-    state.jobs = manager
-    state.search = SearchIndex(store.collections)
+    services.jobs = manager
+    services.search = SearchIndex(store.collections)
     try:
         yield
     finally:
-        state.jobs = None
-        state.search = None
+        services.jobs = None
+        services.search = None
         await manager.shutdown()  # cancelled job requests are metered (aborted) and logged before the flush
         recorder.listeners.remove(writer.submit)
         await writer.stop()
-        state.request_log = None
+        services.request_log = None

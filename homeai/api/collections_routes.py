@@ -19,7 +19,9 @@ from litestar.params import FromPath, JSONBody
 
 from homeai.api.auth import Caller, resolve_caller
 from homeai.api.errors import ApiError, NotFound, ServiceUnavailable
+from homeai.api.services import Injected
 from homeai.store.collections import CollectionAccess, Collections
+from homeai.store.db import Store
 
 UserName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
@@ -38,8 +40,7 @@ class CollectionList(msgspec.Struct):
     collections: list[CollectionView]
 
 
-def _collections(request: Request[Any, Any, Any]) -> Collections:
-    store = request.app.state.get("store")
+def _collections(store: Store | None) -> Collections:
     if store is None:
         raise ServiceUnavailable("collections are not available (no store, or still starting)")
     return store.collections
@@ -54,9 +55,9 @@ def no_collection(name: str, param: str) -> NotFound:
     return NotFound(f"no collection named {name!r}", param=param)
 
 
-async def searchable(request: Request[Any, Any, Any], name: str) -> CollectionAccess:
+async def searchable(request: Request[Any, Any, Any], store: Store | None, name: str) -> CollectionAccess:
     """The collection ``name`` if the caller may search it; 404 if there is none or they may not."""
-    access = await _collections(request).access(name)
+    access = await _collections(store).access(name)
     caller: Caller = await resolve_caller(request)
     if access is None or not access.may_search(caller.user, caller.is_admin):
         raise no_collection(name, "collection")
@@ -64,16 +65,16 @@ async def searchable(request: Request[Any, Any, Any], name: str) -> CollectionAc
 
 
 @get("/collections", summary="The collections the caller may search")
-async def list_collections(request: Request[Any, Any, Any]) -> CollectionList:
+async def list_collections(request: Request[Any, Any, Any], store: Injected[Store | None]) -> CollectionList:
     caller = await resolve_caller(request)
-    every = await _collections(request).all_access()
+    every = await _collections(store).all_access()
     return CollectionList([_view(a) for a in every if a.may_search(caller.user, caller.is_admin)])
 
 
 @put("/collections/{name:str}/readers", status_code=200, summary="Set who else may search a collection")
-async def set_readers(request: Request[Any, Any, Any], name: FromPath[str],
+async def set_readers(request: Request[Any, Any, Any], store: Injected[Store | None], name: FromPath[str],
                       data: JSONBody[ReadersUpdate]) -> CollectionView:
-    collections = _collections(request)
+    collections = _collections(store)
     access = await collections.access(name)
     caller = await resolve_caller(request)
     if access is None or not access.may_search(caller.user, caller.is_admin):

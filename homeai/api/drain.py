@@ -97,16 +97,20 @@ def end_open_generations(gateway: Any) -> None:
 def engine_error(connection: ASGIConnection[Any, Any, Any, Any], message: str) -> ApiError:
     """The HTTP error of a request the engine ended with ``message`` before its answer was sent: 503 with
     Retry-After while draining (the drain ended it, and a retry after the restart succeeds), else 500."""
-    drain: Drain | None = connection.app.state.get("drain")
-    if drain is not None and drain.draining:
+    from homeai.api.services import services_of  # services.py imports Drain from here
+
+    drain = services_of(connection).drain
+    if drain.draining:
         return ServiceUnavailable(message, code="shutting_down", headers={"Retry-After": str(drain.retry_after_s())})
     return ApiError(message, status_code=500, code="engine_error")
 
 
 async def refuse_while_draining(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """App guard: while draining, every route but the public probes answers 503 with Retry-After."""
-    drain: Drain | None = connection.app.state.get("drain")
-    if drain is None or not drain.draining or handler.opt.get("auth") == "public":
+    from homeai.api.services import services_of  # services.py imports Drain from here
+
+    drain = services_of(connection).drain
+    if not drain.draining or handler.opt.get("auth") == "public":
         return
     raise ServiceUnavailable("the server is shutting down; retry shortly", code="shutting_down",
                              headers={"Retry-After": str(drain.retry_after_s())})

@@ -37,20 +37,16 @@ from homeai.api.jobs_schemas import (
     check_search,
     job_spec,
 )
-from homeai.api.serving import gateway_of, request_context, route_request, run_embedding
+from homeai.api.services import Injected, Services, started_gateway
+from homeai.api.serving import request_context, route_request, run_embedding
+from homeai.api.settings import Settings
+from homeai.engine.gateway import Gateway
 from homeai.jobs.manager import JobManager
-from homeai.search.matrix_cache import SearchIndex
+from homeai.policy.store import PolicyHolder
 from homeai.store.jobs import JobInfo
 
 SEARCH_CLASS = "embedding"
 MAX_JOB_ID = 2**31 - 1  # larger ids cannot exist (and overflow the database's INTEGER)
-
-
-def _manager(request: Request[Any, Any, Any]) -> JobManager:
-    manager = request.app.state.get("jobs")
-    if manager is None:
-        raise ServiceUnavailable("jobs are not available (no store, or still starting)", headers={"Retry-After": "5"})
-    return manager
 
 
 def _iso(value: Any) -> str | None:
@@ -76,57 +72,51 @@ async def _job(manager: JobManager, job_id: int) -> JobInfo:
 
 
 @post("/jobs", status_code=201, summary="Create a job (index a folder, run a prompt, prune the log)")
-async def create_job(request: Request[Any, Any, Any], data: JSONBody[JobCreate]) -> JobView:
-    manager = _manager(request)
-    policy = request.app.state.policy_holder.current
-    spec = job_spec(data, {name for name, c in policy.classes.items() if c.kind == "llm"},
-                    request.app.state.settings.job_roots)
+async def create_job(request: Request[Any, Any, Any], data: JSONBody[JobCreate], jobs: Injected[JobManager],
+                     policy_holder: Injected[PolicyHolder], settings: Injected[Settings]) -> JobView:
+    policy = policy_holder.current
+    spec = job_spec(data, {name for name, c in policy.classes.items() if c.kind == "llm"}, settings.job_roots)
     caller = await resolve_caller(request)
     if data.kind == "index":  # the collection belongs to whoever asked for it first (see collections_routes)
-        await manager.store.collections.ensure(spec["collection"], owner=caller.user)
-    job = await manager.add(data.kind, spec, data.schedule, caller.user)
-    return await job_view(manager, await _job(manager, job.id))
+        await jobs.store.collections.ensure(spec["collection"], owner=caller.user)
+    job = await jobs.add(data.kind, spec, data.schedule, caller.user)
+    return await job_view(jobs, await _job(jobs, job.id))
 
 
 @get("/jobs", summary="Every job with its state and progress")
-async def list_jobs(request: Request[Any, Any, Any]) -> JobList:
-    manager = _manager(request)
-    return JobList([await job_view(manager, job) for job in await manager.store.jobs.all()])
+async def list_jobs(jobs: Injected[JobManager]) -> JobList:
+    return JobList([await job_view(jobs, job) for job in await jobs.store.jobs.all()])
 
 
 @get("/jobs/{job_id:int}", summary="One job: progress (done/total chunks, rate, ETA), state, recent runs")
-async def show_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> JobView:
-    manager = _manager(request)
-    return await job_view(manager, await _job(manager, job_id), num_runs=5)
+async def show_job(jobs: Injected[JobManager], job_id: FromPath[int]) -> JobView:
+    return await job_view(jobs, await _job(jobs, job_id), num_runs=5)
 
 
 @delete("/jobs/{job_id:int}", status_code=200, summary="Stop and delete a job (its collection stays)")
-async def delete_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> dict[str, Any]:
-    manager = _manager(request)
-    await _job(manager, job_id)
-    await manager.delete(job_id)
+async def delete_job(jobs: Injected[JobManager], job_id: FromPath[int]) -> dict[str, Any]:
+    await _job(jobs, job_id)
+    await jobs.delete(job_id)
     return {"id": job_id, "deleted": True}
 
 
 @post("/jobs/{job_id:int}/pause", status_code=200, summary="Pause a job at the next batch boundary")
-async def pause_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> JobView:
-    manager = _manager(request)
-    job = await _job(manager, job_id)
-    if not await manager.pause(job_id):
+async def pause_job(jobs: Injected[JobManager], job_id: FromPath[int]) -> JobView:
+    job = await _job(jobs, job_id)
+    if not await jobs.pause(job_id):
         raise BadRequest(f"job {job_id} is {job.state} and has no schedule: nothing to pause", param="id")
-    return await job_view(manager, await _job(manager, job_id))
+    return await job_view(jobs, await _job(jobs, job_id))
 
 
 @post("/jobs/{job_id:int}/resume", status_code=200, summary="Resume a paused job")
-async def resume_job(request: Request[Any, Any, Any], job_id: FromPath[int]) -> JobView:
-    manager = _manager(request)
-    job = await _job(manager, job_id)
-    if not await manager.resume(job_id):
+async def resume_job(jobs: Injected[JobManager], job_id: FromPath[int]) -> JobView:
+    job = await _job(jobs, job_id)
+    if not await jobs.resume(job_id):
         raise BadRequest(f"job {job_id} is {job.state}, not paused", param="id")
-    return await job_view(manager, await _job(manager, job_id))
+    return await job_view(jobs, await _job(jobs, job_id))
 
 
-def _search_class(gateway: Any, asked: str | None) -> str | None:
+def _search_class(gateway: Gateway, asked: str | None) -> str | None:
     classes = gateway.policy.classes
     if asked is not None and asked in classes and classes[asked].kind == "embedding":
         return asked
@@ -134,13 +124,15 @@ def _search_class(gateway: Any, asked: str | None) -> str | None:
 
 
 @post("/search", status_code=200, summary="Top-k chunks of a collection for a text query")
-async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest]) -> SearchResponse:
+async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest],
+                 services: Injected[Services]) -> SearchResponse:
+    # read here, in this order: a 503 for the engine still starting only once the caller may search the collection
     check_search(data)
-    index: SearchIndex | None = request.app.state.get("search")
+    index = services.search
     if index is None:
         raise ServiceUnavailable("search is not available (no store, or still starting)")
-    collection_id = (await searchable(request, data.collection.strip())).id  # 404 unless it may
-    gateway = gateway_of(request)
+    collection_id = (await searchable(request, services.store, data.collection.strip())).id  # 404 unless it may
+    gateway = started_gateway(services)
     ctx = await request_context(request)
     ctx.class_name = _search_class(gateway, ctx.class_name)
     route = route_request(gateway, None, ctx, "embedding")

@@ -9,9 +9,9 @@
                            request log cannot write, or the policy file was refused at start-up),
                            503 "starting" before
 
-Uses ``app.state.metrics`` (a MetricsRecorder), ``app.state.gateway`` (``snapshot()``, ``ServingGateway``),
-``app.state.policy_holder`` and ``app.state.store`` when present; ``app.state.stats_interval_s``
-overrides the stream period.
+Handlers receive the app's ``Services`` (homeai/api/services.py): the metrics recorder, the gateway
+(``snapshot()``, ``ServingGateway``), the policy holder and, when present, the store and the request log;
+``stats_interval_s`` is the stream's period.
 
 Once API keys exist, stats and metrics (which name every household member) need a key with the
 ``metrics`` scope or an admin key (``opt["auth"]``, checked by the app's ``authenticate`` guard);
@@ -26,23 +26,20 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Protocol
 
-from litestar import Request, Response, Router, get
-from litestar.datastructures import State
+from litestar import Response, Router, get
 from litestar.params import Parameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from homeai.metrics.recorder import MetricsRecorder
+from homeai.api.services import Injected, Services
 from homeai.metrics.stats import build_stats
 from homeai.runtime.device import process_rss_mb
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATS_INTERVAL_S = 0.5
 
-
-def _snapshot(state: State) -> dict[str, Any] | None:
-    gateway = state.get("gateway")
+def _snapshot(services: Services) -> dict[str, Any] | None:
+    gateway = services.gateway
     if gateway is None:
         return None
     try:
@@ -52,53 +49,41 @@ def _snapshot(state: State) -> dict[str, Any] | None:
         return None
 
 
-def _recorder(state: State) -> MetricsRecorder:
-    recorder = state.get("metrics")
-    if recorder is None:  # an app without a recorder still answers (empty series)
-        recorder = state["metrics"] = MetricsRecorder()
-    return recorder
-
-
-def policy_status(state: State) -> dict[str, Any]:
+def policy_status(services: Services) -> dict[str, Any]:
     """``{"status": "ok"}``, or the start-up refusal of the policy file while its fallback still runs."""
-    holder = state.get("policy_holder")
-    refusal = state.get("policy_refusal")
-    if refusal is not None and holder is not None and refusal.is_current(holder):
+    refusal = services.policy_refusal
+    if refusal is not None and refusal.is_current(services.policy_holder):
         return refusal.as_dict()
     return {"status": "ok"}
 
 
-def stats_document(state: State) -> dict[str, Any]:
-    holder = state.get("policy_holder")
-    doc = build_stats(_recorder(state), _snapshot(state), holder.current if holder is not None else None)
-    doc["policy"] = policy_status(state)  # the TUI shows a refused policy file from here
-    gateway = state.get("gateway")
+def stats_document(services: Services) -> dict[str, Any]:
+    doc = build_stats(services.metrics, _snapshot(services), services.policy_holder.current)
+    doc["policy"] = policy_status(services)  # the TUI shows a refused policy file from here
     # beside the models' memory budget and what they hold of it (the gateway's residency)
     doc["memory"] = {**doc.get("memory", {}), "rss_mb": process_rss_mb(),
-                     "rss_at_ready_mb": getattr(gateway, "rss_at_ready_mb", None)}
+                     "rss_at_ready_mb": getattr(services.gateway, "rss_at_ready_mb", None)}
     return doc
 
 
 @get("/metrics", media_type=CONTENT_TYPE_LATEST, summary="Prometheus metrics", include_in_schema=False,
      opt={"auth": "metrics"})
-async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    state = request.app.state
-    return Response(_recorder(state).prometheus_text(_snapshot(state)), media_type=CONTENT_TYPE_LATEST)
+async def metrics(services: Injected[Services]) -> Response[bytes]:
+    return Response(services.metrics.prometheus_text(_snapshot(services)), media_type=CONTENT_TYPE_LATEST)
 
 
 @get("/v1/stats", summary="Live per-class, per-user and device statistics", opt={"auth": "metrics"})
-async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return stats_document(request.app.state)
+async def stats(services: Injected[Services]) -> dict[str, Any]:
+    return stats_document(services)
 
 
-async def _stats_events(state: State, interval_s: float, count: int | None = None,
+async def _stats_events(services: Services, interval_s: float, count: int | None = None,
                         ) -> AsyncIterator[ServerSentEventMessage]:
     sent = 0
-    drain = state.get("drain")
-    while (count is None or sent < count) and not (drain is not None and drain.draining):  # ends on SIGTERM
+    while (count is None or sent < count) and not services.drain.draining:  # ends on SIGTERM
         if sent:
             await asyncio.sleep(interval_s)
-        yield ServerSentEventMessage(data=json.dumps(stats_document(state)), event="stats")
+        yield ServerSentEventMessage(data=json.dumps(stats_document(services)), event="stats")
         sent += 1
 
 
@@ -106,12 +91,11 @@ async def _stats_events(state: State, interval_s: float, count: int | None = Non
 @get("/v1/stats/stream", summary="Live statistics as server-sent events", include_in_schema=False,
      opt={"auth": "metrics"})
 async def stats_stream(
-    request: Request[Any, Any, Any], count: Annotated[int | None, Parameter(ge=1, le=100_000)] = None,
+    services: Injected[Services], count: Annotated[int | None, Parameter(ge=1, le=100_000)] = None,
 ) -> ServerSentEvent:
     """Events until the client goes away, or ``count`` of them (``curl .../v1/stats/stream?count=1``)."""
-    state = request.app.state
-    interval_s = float(state.get("stats_interval_s", DEFAULT_STATS_INTERVAL_S))
-    return ServerSentEvent(_stats_events(state, interval_s, count), headers={"Cache-Control": "no-store"})
+    return ServerSentEvent(_stats_events(services, services.stats_interval_s, count),
+                           headers={"Cache-Control": "no-store"})
 
 
 @get("/healthz", summary="Liveness", opt={"auth": "public"})
@@ -137,23 +121,22 @@ def gateway_started(gateway: ServingGateway) -> bool:
 
 
 @get("/readyz", summary="Readiness", opt={"auth": "public"})
-async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    state = request.app.state
-    gateway: ServingGateway | None = state.get("gateway")
-    drain = state.get("drain")
-    if drain is not None and drain.draining:  # a balancer stops sending here; requests get 503 anyway
+async def readyz(services: Injected[Services]) -> Response[dict[str, Any]]:
+    gateway = services.gateway
+    drain = services.drain
+    if drain.draining:  # a balancer stops sending here; requests get 503 anyway
         return Response({"status": "draining"}, status_code=503, headers={"Retry-After": str(drain.retry_after_s())})
     if gateway is None or not gateway_started(gateway):
         return Response({"status": "starting"}, status_code=503)
     health = gateway.engine_health()
     if health.get("failing"):  # steps keep failing: a supervisor should notice (and may restart us)
         return Response({"status": "failing", "reason": health.get("last_error")}, status_code=503)
-    store = state.get("store")
+    store = services.store
     store_state = "absent" if store is None else ("ok" if await store.ping() else "unavailable")
-    writer = state.get("request_log")  # the request-log writer: unhealthy while its writes fail
+    writer = services.request_log  # the request-log writer: unhealthy while its writes fail
     if writer is not None and not writer.healthy and store_state == "ok":
         store_state = "slow"
-    policy = policy_status(state)
+    policy = policy_status(services)
     healthy = store_state in ("ok", "absent") and policy["status"] == "ok"
     body: dict[str, Any] = {"status": "ready" if healthy else "degraded", "store": store_state, "policy": policy}
     if policy["status"] != "ok":

@@ -4,7 +4,7 @@ A policy file refused while the server ran (as it should be) is still there at t
 to start over it would leave a household without its voice assistant until someone reads a log, so
 the server starts anyway: first on the packaged default (the store is not open yet when the app is
 built), then, once the store is open and before any model loads, on the newest stored version that is
-still valid. The refusal is logged and kept as a ``PolicyRefusal`` in ``app.state.policy_refusal``;
+still valid. The refusal is logged and kept as a ``PolicyRefusal`` in ``Services.policy_refusal``;
 /readyz says "degraded" with its reason and /v1/stats carries it for the TUI, until a valid policy
 is applied (a fixed file, a PUT or a rollback), which makes the fallback no longer current.
 """

@@ -68,7 +68,9 @@ async def request_context(request: Request[Any, Any, Any], body_user: str | None
 
 
 def gateway_of(request: Request[Any, Any, Any]) -> Gateway:
-    gateway = getattr(request.app.state, "gateway", None)
+    from homeai.api.services import services_of  # goes with gateway_of (routes: ``gateway: Gateway``, injected)
+
+    gateway = services_of(request).gateway
     if gateway is None:
         raise ServiceUnavailable("the engine is still starting", headers={"Retry-After": "5"})
     return gateway

@@ -49,7 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from homeai.api.app import create_app
-    from homeai.api.drain import DRAIN_GRACE_S, Drain
+    from homeai.api.drain import DRAIN_GRACE_S
+    from homeai.api.services import services_of
     from homeai.policy.loader import PolicyError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -64,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"error: {exc}")
         return 1
-    drain: Drain = app.state.drain
+    drain = services_of(app).drain
 
     class DrainingServer(uvicorn.Server):
         """uvicorn's server, telling the app's drain the moment a stop signal arrives."""

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 from waiting import DEFAULT_TIMEOUT_S
 
@@ -26,8 +25,8 @@ from homeai.api.drain import Drain
 from homeai.api.observability_routes import _stats_events, observability_router
 from homeai.api.policy_apply import running_text
 from homeai.api.policy_watcher import check_policy_file, start_policy_watcher
+from homeai.api.services import DEPENDENCIES, Services, app_state, services_of
 from homeai.api.settings import Settings
-from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
@@ -66,10 +65,11 @@ def holder(policy_file: Path) -> PolicyHolder:
     return PolicyHolder(load_policy(policy_file), source=str(policy_file))
 
 
-def make_app(holder: PolicyHolder, store: Store, **state: Any) -> Litestar:
-    values = {"policy_holder": holder, "store": store, "gateway": FakeGateway(),
-              "metrics": MetricsRecorder(), "stats_interval_s": 0.01, **state}
-    return Litestar(route_handlers=[admin_router, observability_router], state=State(values))
+def make_app(holder: PolicyHolder, store: Store, settings: Settings | None = None, **fields: Any) -> Litestar:
+    services = Services(settings or Settings(), holder, **{"store": store, "gateway": FakeGateway(),
+                                                          "stats_interval_s": 0.01, **fields})
+    return Litestar(route_handlers=[admin_router, observability_router], state=app_state(services),
+                    dependencies=DEPENDENCIES)
 
 
 @pytest.fixture
@@ -182,8 +182,9 @@ async def test_validate_is_a_dry_run(holder: PolicyHolder, store: Store, policy_
 async def test_validate_takes_yaml_and_needs_an_admin(holder: PolicyHolder, store: Store, tmp_path: Path) -> None:
     """Behind the app's own guards, as served: PUT's YAML types, and an admin key once keys exist."""
     settings = Settings(data_dir=tmp_path, job_roots=(tmp_path,), allowed_hosts=(), origins=())
-    state = {"settings": settings, "policy_holder": holder, "store": store, "drain": Drain(30.0)}
-    app = Litestar(route_handlers=[admin_router], **protection(settings), state=State(state))
+    services = Services(settings, holder, store=store, drain=Drain(30.0))
+    app = Litestar(route_handlers=[admin_router], **protection(settings), state=app_state(services),
+                   dependencies=DEPENDENCIES)
     async with AsyncTestClient(app=app, base_url="http://127.0.0.1:8000") as c:
         for headers in ({"Content-Type": "application/yaml"}, {"Content-Type": "text/yaml; charset=utf-8"},
                         {"Content-Type": "text/plain"}, {}):
@@ -288,7 +289,7 @@ async def test_admin_needs_an_admin_key_once_keys_exist(client: AsyncTestClient[
 
 
 async def test_non_loopback_bind_requires_a_key(holder: PolicyHolder, store: Store) -> None:
-    async with AsyncTestClient(app=make_app(holder, store, bind_host="0.0.0.0")) as c:
+    async with AsyncTestClient(app=make_app(holder, store, Settings(host="0.0.0.0"))) as c:
         assert (await c.get("/admin/policy")).status_code == 401
         assert (await c.get("/healthz")).status_code == 200  # health stays open
         key, _ = await store.keys.create("admin", is_admin=True)
@@ -305,7 +306,7 @@ async def test_applied_policy_is_written_to_policy_path(holder: PolicyHolder, st
 
 
 async def test_metrics_stats_health(client: AsyncTestClient[Litestar], store: Store) -> None:
-    recorder: MetricsRecorder = client.app.state.metrics
+    recorder = services_of(client.app).metrics
     recorder.request_started("r1", "llm", "chat", "alice", "smollm2", 5)
     recorder.tokens("r1", 1)
     recorder.finished("r1", "ok", 1)
@@ -335,7 +336,7 @@ async def test_readyz_before_start(holder: PolicyHolder, store: Store) -> None:
 
 
 async def test_stats_stream_events(client: AsyncTestClient[Litestar]) -> None:
-    events = _stats_events(client.app.state, 0.01)
+    events = _stats_events(services_of(client.app), 0.01)
     first, second = await anext(events), await anext(events)
     await events.aclose()
     assert first.event == "stats" and "classes" in json.loads(str(second.data))

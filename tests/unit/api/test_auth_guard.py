@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.admin_routes import admin_router
@@ -23,7 +22,8 @@ from homeai.api.json_depth import MAX_JSON_DEPTH, json_depth, too_deep
 from homeai.api.observability_routes import observability_router
 from homeai.api.ollama_routes import OllamaController, ollama_root
 from homeai.api.openai_routes import OpenAIController
-from homeai.metrics.recorder import MetricsRecorder
+from homeai.api.services import DEPENDENCIES, Services, app_state
+from homeai.api.settings import Settings
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
@@ -33,12 +33,12 @@ DEEP = b'{"model": "m", "messages": [{"role": "user", "content": ' + b"[" * 1000
 
 
 @pytest.fixture
-async def client(store: Store) -> AsyncIterator[AsyncTestClient[Litestar]]:
-    state = {"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "gateway": None,
-             "metrics": MetricsRecorder()}
+async def client(store: Store, tmp_path: Path) -> AsyncIterator[AsyncTestClient[Litestar]]:
+    services = Services(Settings(data_dir=tmp_path), PolicyHolder(load_policy(DEFAULT_POLICY)), store=store)
     app = Litestar(route_handlers=[OpenAIController, OllamaController, ollama_root, admin_router,
                                    observability_router, jobs_router],
-                   guards=[authenticate], exception_handlers={Exception: exception_handler}, state=State(state))
+                   guards=[authenticate], exception_handlers={Exception: exception_handler},
+                   state=app_state(services), dependencies=DEPENDENCIES)
     async with AsyncTestClient(app=app) as c:
         yield c
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.auth import authenticate
 from homeai.api.collections_routes import collections_router
 from homeai.api.errors import exception_handler
 from homeai.api.jobs_routes import jobs_router
+from homeai.api.services import DEPENDENCIES, Services, app_state
 from homeai.api.settings import Settings
 from homeai.jobs.manager import JobManager
 from homeai.policy.loader import load_policy
@@ -36,10 +36,10 @@ QUERY = {"collection": "family", "query": "where are the passports?", "k": 3}
 
 @pytest.fixture
 async def client(store: Store, tmp_path: Path) -> AsyncIterator[AsyncTestClient[Litestar]]:
-    state = State({"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store,
-                   "jobs": JobManager(store, lambda: None), "search": SearchIndex(store.collections),
-                   "gateway": None, "settings": Settings(data_dir=tmp_path, job_roots=(tmp_path,))})
-    app = Litestar(route_handlers=[jobs_router, collections_router], guards=[authenticate], state=state,
+    services = Services(Settings(data_dir=tmp_path, job_roots=(tmp_path,)), PolicyHolder(load_policy(DEFAULT_POLICY)),
+                        store=store, jobs=JobManager(store, lambda: None), search=SearchIndex(store.collections))
+    app = Litestar(route_handlers=[jobs_router, collections_router], guards=[authenticate],
+                   state=app_state(services), dependencies=DEPENDENCIES,
                    exception_handlers={Exception: exception_handler})
     async with AsyncTestClient(app=app) as c:
         yield c

@@ -12,7 +12,6 @@ from typing import Any, cast
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 from waiting import DEFAULT_TIMEOUT_S
 
@@ -28,7 +27,8 @@ from homeai.api.drain import (
 from homeai.api.errors import exception_handler
 from homeai.api.observability_routes import _stats_events, observability_router
 from homeai.api.openai_routes import OpenAIController
-from homeai.metrics.recorder import MetricsRecorder
+from homeai.api.services import DEPENDENCIES, Services, app_state
+from homeai.api.settings import Settings
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
@@ -65,17 +65,21 @@ class FakeClock:
         return self.now_s
 
 
-def make_app(store: Store, drain: Drain) -> Litestar:
-    state = {"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "gateway": FakeGateway(),
-             "metrics": MetricsRecorder(), "drain": drain, "stats_interval_s": 0.01}
+def services_with(drain: Drain, data_dir: Path, **fields: Any) -> Services:
+    return Services(Settings(data_dir=data_dir), PolicyHolder(load_policy(DEFAULT_POLICY)), drain=drain, **fields)
+
+
+def make_app(store: Store, drain: Drain, data_dir: Path) -> Litestar:
+    services = services_with(drain, data_dir, store=store, gateway=FakeGateway(), stats_interval_s=0.01)
     return Litestar(route_handlers=[OpenAIController, observability_router], guards=[refuse_while_draining,
-                    authenticate], exception_handlers={Exception: exception_handler}, state=State(state))
+                    authenticate], exception_handlers={Exception: exception_handler}, state=app_state(services),
+                    dependencies=DEPENDENCIES)
 
 
-async def test_draining_refuses_new_work_but_answers_probes(store: Store) -> None:
+async def test_draining_refuses_new_work_but_answers_probes(store: Store, tmp_path: Path) -> None:
     clock = FakeClock()
     drain = Drain(timeout_s=30.0, clock=clock)
-    async with AsyncTestClient(app=make_app(store, drain)) as client:
+    async with AsyncTestClient(app=make_app(store, drain, tmp_path)) as client:
         assert (await client.get("/readyz")).json()["status"] == "ready"
         assert (await client.get("/v1/stats")).status_code == 200
         drain.begin()  # what `homeai serve` does on SIGTERM (no loop attached: at once)
@@ -92,10 +96,9 @@ async def test_draining_refuses_new_work_but_answers_probes(store: Store) -> Non
         assert (await client.get("/healthz")).status_code == 200
 
 
-async def test_stats_stream_ends_when_the_drain_begins() -> None:
+async def test_stats_stream_ends_when_the_drain_begins(tmp_path: Path) -> None:
     drain = Drain(timeout_s=30.0)
-    state = State({"metrics": MetricsRecorder(), "drain": drain})
-    events = _stats_events(state, 0.001)
+    events = _stats_events(services_with(drain, tmp_path), 0.001)
     assert (await anext(events)).event == "stats"
     drain.begin()
     with pytest.raises(StopAsyncIteration):
@@ -170,7 +173,7 @@ def test_a_second_signal_arms_no_second_deadline_and_close_disarms_it() -> None:
     assert quiet.llms["llm"].failed_with == []
 
 
-def test_a_request_ended_by_the_drain_is_a_503_not_a_500() -> None:
+def test_a_request_ended_by_the_drain_is_a_503_not_a_500(tmp_path: Path) -> None:
     """Non-streaming requests (and streams still queued) that the deadline ends answer 503 + Retry-After."""
 
     @dataclass
@@ -179,10 +182,10 @@ def test_a_request_ended_by_the_drain_is_a_503_not_a_500() -> None:
 
     @dataclass
     class FakeApp:
-        state: State
+        state: Any
 
     drain = Drain(timeout_s=30.0)
-    connection: Any = FakeConnection(FakeApp(State({"drain": drain})))
+    connection: Any = FakeConnection(FakeApp(app_state(services_with(drain, tmp_path))))
     err = engine_error(connection, "engine error: boom")
     assert (err.status_code, err.code) == (500, "engine_error")  # not draining: a real engine error
     drain.begin()

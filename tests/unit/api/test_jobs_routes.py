@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.errors import exception_handler
 from homeai.api.jobs_routes import jobs_router
 from homeai.api.observability_routes import observability_router
+from homeai.api.services import DEPENDENCIES, Services, app_state, services_of
 from homeai.api.settings import Settings
 from homeai.jobs.manager import JobManager
-from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
 from homeai.search.matrix_cache import SearchIndex
@@ -53,12 +52,11 @@ async def app(tmp_path: Path) -> AsyncIterator[Litestar]:
     await store.init()
     manager = JobManager(store, lambda: None)
     await manager.start()
-    state = State({"policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store, "jobs": manager,
-                   "search": SearchIndex(store.collections), "gateway": FakeGateway(), "metrics": MetricsRecorder(),
-                   "request_log": StubWriter(),
-                   "settings": Settings(data_dir=tmp_path / "data", job_roots=(Path("/"),))})  # any folder
-    yield Litestar(route_handlers=[jobs_router, observability_router], state=state,
-                   exception_handlers={Exception: exception_handler})
+    services = Services(Settings(data_dir=tmp_path / "data", job_roots=(Path("/"),)),  # any folder
+                        PolicyHolder(load_policy(DEFAULT_POLICY)), store=store, jobs=manager,
+                        search=SearchIndex(store.collections), gateway=FakeGateway(), request_log=StubWriter())
+    yield Litestar(route_handlers=[jobs_router, observability_router], state=app_state(services),
+                   dependencies=DEPENDENCIES, exception_handlers={Exception: exception_handler})
     await manager.shutdown()
     await store.close()
 
@@ -97,7 +95,7 @@ async def test_bad_job_requests_name_the_field(client: AsyncTestClient[Litestar]
 async def test_index_job_outside_the_job_roots_is_refused(app: Litestar, client: AsyncTestClient[Litestar],
                                                           tmp_path: Path) -> None:
     (tmp_path / "root" / "docs").mkdir(parents=True)
-    app.state.settings.job_roots = ((tmp_path / "root").resolve(),)
+    services_of(app).settings.job_roots = ((tmp_path / "root").resolve(),)
     r = await client.post("/v1/jobs", json={"kind": "index", "path": str(tmp_path), "collection": "c"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "path", r.text
     r = await client.post("/v1/jobs", json={"kind": "index", "path": str(tmp_path / "root/docs"), "collection": "c"})
@@ -145,6 +143,6 @@ async def test_search_errors(client: AsyncTestClient[Litestar]) -> None:
 async def test_readyz_is_degraded_while_the_request_log_cannot_write(client: AsyncTestClient[Litestar],
                                                                      app: Litestar) -> None:
     assert (await client.get("/readyz")).json()["status"] == "ready"
-    app.state.request_log.healthy = False
+    services_of(app).request_log.healthy = False
     body = (await client.get("/readyz")).json()
     assert body["status"] == "degraded" and body["store"] == "slow"

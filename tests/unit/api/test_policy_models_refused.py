@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.admin_routes import admin_router
 from homeai.api.policy_apply import use_catalog
 from homeai.api.policy_startup import PACKAGED_DEFAULT, startup_holder
+from homeai.api.services import DEPENDENCIES, Services, app_state
+from homeai.api.settings import Settings
 from homeai.policy.catalog import CatalogModel, ModelCatalog
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
@@ -38,15 +39,17 @@ def catalog(f32_pulled: bool = True, f32_mb: int = 520, memory_mb: int = 8000,
     return ModelCatalog(models, memory_mb * MB, 256, require_pulled)
 
 
-def app_with(holder: PolicyHolder, store: Store) -> Litestar:
-    return Litestar(route_handlers=[admin_router], state=State({"policy_holder": holder, "store": store}))
+def app_with(holder: PolicyHolder, store: Store, data_dir: Path) -> Litestar:
+    services = Services(Settings(data_dir=data_dir), holder, store=store)
+    return Litestar(route_handlers=[admin_router], state=app_state(services), dependencies=DEPENDENCIES)
 
 
-async def test_put_and_validate_refuse_a_model_not_pulled_and_models_that_do_not_fit(store: Store) -> None:
+async def test_put_and_validate_refuse_a_model_not_pulled_and_models_that_do_not_fit(store: Store,
+                                                                                     tmp_path: Path) -> None:
     holder = PolicyHolder(load_policy(DEFAULT_POLICY))
     current = {"catalog": catalog(f32_pulled=False)}
     use_catalog(holder, lambda: current["catalog"])
-    async with AsyncTestClient(app=app_with(holder, store)) as client:
+    async with AsyncTestClient(app=app_with(holder, store, tmp_path)) as client:
         for path in ("/admin/policy/validate", "/admin/policy"):
             r = await client.request("POST" if path.endswith("validate") else "PUT", path, content=TWO_LLMS)
             assert r.status_code == 422, r.text

@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.observability_routes import observability_router
 from homeai.api.policy_apply import apply_policy_text, repository_models, running_text
-from homeai.api.policy_startup import PACKAGED_DEFAULT, fall_back_to_stored, startup_holder
-from homeai.api.settings import DEFAULT_POLICY
-from homeai.metrics.recorder import MetricsRecorder
+from homeai.api.policy_startup import PACKAGED_DEFAULT, PolicyRefusal, fall_back_to_stored, startup_holder
+from homeai.api.services import DEPENDENCIES, Services, app_state
+from homeai.api.settings import DEFAULT_POLICY, Settings
 from homeai.policy.loader import PolicyError, parse_policy
 from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
@@ -42,10 +41,10 @@ class StartedGateway:
         return {"classes": {}, "device": {}}
 
 
-def ready_app(holder: PolicyHolder, store: Store, refusal: Any) -> Litestar:
-    state = {"policy_holder": holder, "store": store, "gateway": StartedGateway(), "metrics": MetricsRecorder(),
-             "policy_refusal": refusal}
-    return Litestar(route_handlers=[observability_router], state=State(state))
+def ready_app(holder: PolicyHolder, store: Store, refusal: PolicyRefusal, data_dir: Path) -> Litestar:
+    services = Services(Settings(data_dir=data_dir), holder, policy_refusal=refusal, store=store,
+                        gateway=StartedGateway())
+    return Litestar(route_handlers=[observability_router], state=app_state(services), dependencies=DEPENDENCIES)
 
 
 def test_fixtures_differ_as_intended() -> None:
@@ -74,7 +73,7 @@ async def test_invalid_file_falls_back_to_the_last_valid_stored_version(tmp_path
     await fall_back_to_stored(holder, store, refusal)
     assert refusal.running == "stored policy version 2" and refusal.is_current(holder)
     assert holder.current.classes["chat"].max_batch_size == 8 and running_text(holder) == BATCH_8
-    async with AsyncTestClient(app=ready_app(holder, store, refusal)) as client:
+    async with AsyncTestClient(app=ready_app(holder, store, refusal, tmp_path)) as client:
         r = await client.get("/readyz")
         assert r.status_code == 200 and r.json()["status"] == "degraded"
         assert "max_queue_size" in r.json()["reason"] and "stored policy version 2" in r.json()["reason"]

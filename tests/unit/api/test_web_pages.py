@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 
 from homeai.api.app import ROUTE_HANDLERS, protection
 from homeai.api.drain import Drain
 from homeai.api.origin_guard import WebOrigins, host_name
+from homeai.api.services import DEPENDENCIES, Services, app_state
 from homeai.api.settings import Settings
-from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
 from homeai.store.db import Store
@@ -51,9 +50,9 @@ def form_post_from(origin: str) -> dict[str, str]:
 
 
 def make_app(store: Store, settings: Settings) -> Litestar:
-    state = {"settings": settings, "policy_holder": PolicyHolder(load_policy(DEFAULT_POLICY)), "store": store,
-             "gateway": None, "metrics": MetricsRecorder(), "drain": Drain(30.0)}
-    return Litestar(route_handlers=ROUTE_HANDLERS, **protection(settings), state=State(state))
+    services = Services(settings, PolicyHolder(load_policy(DEFAULT_POLICY)), store=store, drain=Drain(30.0))
+    return Litestar(route_handlers=ROUTE_HANDLERS, **protection(settings), state=app_state(services),
+                    dependencies=DEPENDENCIES)
 
 
 @pytest.fixture

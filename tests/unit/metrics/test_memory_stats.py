@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar.datastructures import State
-
 from homeai.api.observability_routes import stats_document
+from homeai.api.services import Services
+from homeai.api.settings import DEFAULT_POLICY, Settings
+from homeai.policy.loader import load_policy
+from homeai.policy.store import PolicyHolder
 
 
 class ReadyGateway:
@@ -17,6 +19,8 @@ class ReadyGateway:
 
 
 def test_stats_document_reports_rss() -> None:
-    memory = stats_document(State({"gateway": ReadyGateway()}))["memory"]
+    services = Services(Settings(), PolicyHolder(load_policy(DEFAULT_POLICY)), gateway=ReadyGateway())
+    memory = stats_document(services)["memory"]
     assert memory["rss_at_ready_mb"] == 812.5 and memory["rss_mb"] > 10
-    assert stats_document(State({}))["memory"]["rss_at_ready_mb"] is None  # no gateway yet
+    services.gateway = None
+    assert stats_document(services)["memory"]["rss_at_ready_mb"] is None  # no gateway yet

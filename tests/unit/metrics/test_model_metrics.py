@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar.datastructures import State
-
 from homeai.api.observability_routes import stats_document
+from homeai.api.services import Services
+from homeai.api.settings import DEFAULT_POLICY, Settings
 from homeai.metrics.recorder import MetricsRecorder
+from homeai.policy.loader import load_policy
+from homeai.policy.store import PolicyHolder
 
 MB = 2**20
 SNAPSHOT: dict[str, Any] = {
@@ -29,7 +31,7 @@ class Gateway:
 
 
 def test_stats_by_model_and_the_memory_budget() -> None:
-    doc = stats_document(State({"gateway": Gateway(), "metrics": MetricsRecorder()}))
+    doc = stats_document(Services(Settings(), PolicyHolder(load_policy(DEFAULT_POLICY)), gateway=Gateway()))
     assert doc["models"]["chat-model"]["num_loads"] == 2 and not doc["models"]["chat-model"]["loaded"]
     assert doc["device"]["voice-model"]["kv_usage"] == 0.25
     memory = doc["memory"]
