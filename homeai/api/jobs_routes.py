@@ -24,6 +24,7 @@ from litestar.params import FromPath, JSONBody
 
 from homeai.api.auth import ADMIN, require_admin, resolve_caller
 from homeai.api.collections_routes import searchable
+from homeai.api.embedding_admission import run_embedding
 from homeai.api.errors import BadRequest, NotFound, ServiceUnavailable
 from homeai.api.jobs_schemas import (
     JobCreate,
@@ -38,7 +39,7 @@ from homeai.api.jobs_schemas import (
     job_spec,
 )
 from homeai.api.services import Injected, Services, started_gateway
-from homeai.api.serving import request_context, route_request, run_embedding
+from homeai.api.serving import request_context, route_request
 from homeai.api.settings import Settings
 from homeai.engine.gateway import Gateway
 from homeai.jobs.manager import JobManager
@@ -136,7 +137,7 @@ async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest],
     ctx = await request_context(request)
     ctx.class_name = _search_class(gateway, ctx.class_name)
     route = route_request(gateway, None, ctx, "embedding")
-    result = await run_embedding(request, route, [data.query], ctx)
+    result = await run_embedding(request, gateway, route, [data.query], ctx)
     try:
         hits = await index.search(collection_id, result.vectors[0], data.k)
     except ValueError as e:

@@ -15,7 +15,16 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from homeai.api.openai_schemas import MinP, RepetitionPenalty, Seed, Temperature, TopK, TopP
+from homeai.api.openai_schemas import (
+    EarlierCall,
+    FunctionTool,
+    MinP,
+    RepetitionPenalty,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+)
 from homeai.policy.durations import parse_keep_alive
 
 KeepAlive = str | int | float | None
@@ -57,7 +66,7 @@ class OllamaMessage(Struct, kw_only=True):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[EarlierCall] | None = None
     tool_name: str | None = None
     thinking: str | None = None
 
@@ -67,7 +76,7 @@ class ChatRequest(_KeepsAlive, kw_only=True):
     messages: list[OllamaMessage] = []
     stream: bool = True
     options: Options | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[FunctionTool] | None = None
     format: Any = None
     think: bool | str | None = None
 

@@ -1,15 +1,57 @@
-"""Chat completions beyond plain text: messages with tool calls and results, the tools or response
-format that constrain an answer, and the assistant message (content, tool_calls) read back from it."""
+"""The OpenAI adapters: a chat or text completion body turned into the one typed ``LLMRequest`` that
+``admission.admit`` takes (messages with tool calls and results as the model reads them, the tools or
+response format that constrain the answer, OpenAI's sampling defaults)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from homeai.api.admission import LLMRequest, PromptFields
 from homeai.api.errors import BadRequest
-from homeai.api.openai_schemas import AssistantMessage, ChatCompletionRequest, ChatMessage
+from homeai.api.openai_schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from homeai.api.structured import response_format_constraint
-from homeai.api.tool_calls import parse_all
-from homeai.api.tools import AnswerShape, answer_shape, assistant_calls_message, tool_result_message
+from homeai.api.tools import assistant_calls_message, earlier_calls, parse_tools, tool_result_message
+from homeai.core.types import SamplingParams
+
+
+def sampling_params(data: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
+    """OpenAI defaults (temperature 1, top_p 1) for whatever the request leaves out; max_tokens is settled
+    by admission."""
+    if data.n != 1:
+        raise BadRequest("only n=1 is supported", param="n")
+    stop = [data.stop] if isinstance(data.stop, str) else list(data.stop or [])
+    return SamplingParams(
+        temperature=1.0 if data.temperature is None else data.temperature,
+        top_p=1.0 if data.top_p is None else data.top_p, top_k=data.top_k or 0, min_p=data.min_p or 0.0,
+        presence_penalty=data.presence_penalty or 0.0, frequency_penalty=data.frequency_penalty or 0.0,
+        repetition_penalty=data.repetition_penalty or 1.0, seed=data.seed, max_tokens=1,
+        stop=[s for s in stop if s], ignore_eos=data.ignore_eos)
+
+
+def chat_request(data: ChatCompletionRequest) -> LLMRequest:
+    limit = "max_completion_tokens" if data.max_completion_tokens else "max_tokens"
+    return LLMRequest(
+        data.model, "chat", sampling_params(data), data.max_completion_tokens or data.max_tokens,
+        messages=message_dicts(data.messages), tools=parse_tools(data.tools), tool_choice=data.tool_choice,
+        parallel_tool_calls=data.parallel_tool_calls, answer_format=response_format_constraint(data.response_format),
+        user_spoke_last=data.messages[-1].role == "user", logprobs=chat_logprobs_wanted(data), body_user=data.user,
+        fields=PromptFields("messages", limit))
+
+
+def completion_request(data: CompletionRequest) -> LLMRequest:
+    """A string, [string], or token ids (one prompt: n=1)."""
+    raw = data.prompt
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
+        raw = raw[0]  # one prompt in a list
+    req = LLMRequest(data.model, "completion", sampling_params(data), data.max_tokens, logprobs=data.logprobs,
+                     body_user=data.user, fields=PromptFields("prompt", "max_tokens"))
+    if isinstance(raw, str):
+        req.text = raw
+    elif raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        req.token_ids = list(raw)
+    else:
+        raise BadRequest("prompt must be a string or a list of token ids (one prompt: n=1)", param="prompt")
+    return req
 
 
 def content_text(content: Any, field: str) -> str:
@@ -35,39 +77,10 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
         if m.role in ("tool", "function"):
             out.append(tool_result_message(text))
         elif m.role == "assistant" and m.tool_calls:
-            out.append(assistant_calls_message(text, openai_calls(m.tool_calls, f"messages[{i}].tool_calls")))
+            out.append(assistant_calls_message(text, earlier_calls(m.tool_calls)))
         else:
             out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
     return out
-
-
-def openai_calls(calls: list[dict[str, Any]], field: str) -> list[tuple[str, Any]]:
-    """(name, arguments) of an assistant message's ``tool_calls``."""
-    out = []
-    for j, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise BadRequest("a tool call needs function.name", param=f"{field}[{j}].function.name")
-        out.append((fn["name"], fn.get("arguments") or "{}"))
-    return out
-
-
-def chat_message(text: str, tools: bool) -> tuple[AssistantMessage, bool]:
-    """The assistant message of a finished chat: content, and the calls read from the text."""
-    if not tools:
-        return AssistantMessage(text), False
-    content, calls = parse_all(text)
-    if not calls:
-        return AssistantMessage(content), False
-    wire = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-    return AssistantMessage(content or None, tool_calls=wire), True
-
-
-def chat_shape(data: ChatCompletionRequest, class_choice: str) -> AnswerShape:
-    """Tools or a response format, with the class's tool_choice when the request has none."""
-    fmt = response_format_constraint(data.response_format)
-    user_last = data.messages[-1].role == "user"
-    return answer_shape(data.tools, data.tool_choice, data.parallel_tool_calls, fmt, class_choice, user_last)
 
 
 def chat_logprobs_wanted(data: ChatCompletionRequest) -> int | None:

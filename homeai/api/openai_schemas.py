@@ -33,12 +33,56 @@ class ContentPart(Struct):
     text: str | None = None
 
 
+class CalledFunction(Struct, kw_only=True):
+    """A function an earlier assistant turn called (OpenAI: arguments as JSON text; Ollama: an object)."""
+
+    name: str
+    arguments: Any = None
+
+
+class EarlierCall(Struct, kw_only=True):
+    """An earlier assistant turn's tool call, as the client sends it back in the conversation."""
+
+    function: CalledFunction
+    id: str | None = None
+    type: str = "function"
+
+
+class FunctionDefinition(Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema object
+    strict: bool | None = None
+
+
+class FunctionTool(Struct, kw_only=True):
+    """A chat (and Ollama) tool, ``{"type": "function", "function": {...}}``: the only kind we serve, so
+    any other type is a 400 naming ``tools[i].type`` before the handler runs."""
+
+    function: FunctionDefinition
+    type: Literal["function"] = "function"
+
+
+class JsonSchemaFormat(Struct, kw_only=True):
+    schema: Any  # a JSON Schema (an object, or true/false)
+    name: str | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct, kw_only=True):
+    """Chat ``response_format``: text, json_object, or json_schema (always strict: a grammar enforces it)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatMessage(Struct):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[EarlierCall] | None = None
 
 
 class StreamOptions(Struct):
@@ -71,10 +115,10 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None  # function tools (homeai.api.tools)
+    tools: list[FunctionTool] | None = None  # homeai.api.tools
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (always strict)
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -168,6 +212,31 @@ class ModelList(Struct):
     object: str = "list"
 
 
+class ResponsesFunctionTool(Struct, kw_only=True):
+    """A Responses tool: the function's fields beside its type (any other type is a 400)."""
+
+    name: str
+    type: Literal["function"] = "function"
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(Struct, kw_only=True, omit_defaults=True):
+    """Responses ``text.format``: like ``response_format``, with a json_schema's fields beside its type."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema: Any = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(Struct, kw_only=True, omit_defaults=True):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
 class ResponsesRequest(Struct, kw_only=True):
     """The Responses API (Home Assistant's OpenAI integration): ``input`` is text or a list of items."""
 
@@ -179,13 +248,13 @@ class ResponsesRequest(Struct, kw_only=True):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     user: str | None = None
-    tools: list[dict[str, Any]] | None = None  # function tools (homeai.api.tools)
+    tools: list[ResponsesFunctionTool] | None = None  # homeai.api.tools
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
-    text: dict[str, Any] | None = None
+    text: TextConfig | None = None
     reasoning: dict[str, Any] | None = None
 
 

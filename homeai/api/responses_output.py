@@ -12,26 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from homeai.api.tool_calls import ParseEvent, ToolCallParser
+from homeai.api.tool_calls import ParseEvent
 from homeai.core.types import FinishReason
 
 Event = tuple[str, dict[str, Any]]
 
 
 class OutputItems:
-    """Feed the answer's text as it comes; collect the events to send and the final output items."""
+    """Feed the answer's parse events as they come (``answer_stream``); collect the events to send and the
+    final output items."""
 
-    def __init__(self, request_id: str, parser: ToolCallParser | None) -> None:
-        self.request_id, self.parser = request_id, parser
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
         self.items: list[dict[str, Any]] = []
         self._text: list[str] | None = None  # the open message's text parts (None: no message open)
         self._call_items: dict[int, dict[str, Any]] = {}  # call index -> its item
 
-    def feed(self, text: str, finished: bool) -> list[Event]:
-        if self.parser is None:
-            parsed = [ParseEvent(text=text)] if text else []
-        else:
-            parsed = self.parser.feed(text) + (self.parser.finish() if finished else [])
+    def feed(self, parsed: list[ParseEvent], finished: bool) -> list[Event]:
         events: list[Event] = []
         for e in parsed:
             if e.text:

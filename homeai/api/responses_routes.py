@@ -16,19 +16,22 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, Response, post
 
+from homeai.api.admission import Admission, LLMRequest, PromptFields, admit
+from homeai.api.answer_stream import AnswerReader
 from homeai.api.errors import BadRequest
-from homeai.api.openai_routes import start
 from homeai.api.openai_schemas import ResponsesRequest
 from homeai.api.responses_output import OutputItems
-from homeai.api.serving import Generation, chat_prompt_ids, class_tool_choice_of
+from homeai.api.services import Injected
+from homeai.api.serving import Generation
 from homeai.api.streaming import sse_data, sse_stream
 from homeai.api.structured import text_format_constraint
-from homeai.api.tool_calls import ToolCallParser
-from homeai.api.tools import AnswerShape, ToolPlan, answer_shape, assistant_calls_message, tool_result_message
-from homeai.core.types import FinishReason
-from homeai.engine.gateway import Gateway, Route
+from homeai.api.tool_calls import ParseEvent, ToolCallParser
+from homeai.api.tools import ToolPlan, assistant_calls_message, parse_tools, tool_result_message
+from homeai.core.types import FinishReason, SamplingParams
+from homeai.engine.gateway import Gateway
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 
@@ -79,12 +82,21 @@ def input_messages(data: ResponsesRequest) -> list[dict[str, str]]:
     return messages
 
 
-def response_shape(data: ResponsesRequest, class_choice: str) -> AnswerShape:
-    """Function tools or a text format, with the class's tool_choice when the request has none."""
-    fmt = text_format_constraint((data.text or {}).get("format"))
+def response_request(data: ResponsesRequest) -> LLMRequest:
+    """The adapter: a Responses body as the one typed request ``admit`` takes."""
+    if data.previous_response_id is not None:
+        raise BadRequest(f"previous response {data.previous_response_id!r} not found: this server stores no "
+                         "responses; send the whole conversation as input", param="previous_response_id",
+                         code="previous_response_not_found")
     last = data.input if isinstance(data.input, str) else data.input[-1]
     user_last = isinstance(last, str) or (last.get("type", "message") == "message" and last.get("role") == "user")
-    return answer_shape(data.tools, data.tool_choice, data.parallel_tool_calls, fmt, class_choice, user_last)
+    sampling = SamplingParams(temperature=1.0 if data.temperature is None else data.temperature,
+                              top_p=1.0 if data.top_p is None else data.top_p)
+    return LLMRequest(
+        data.model, "response", sampling, data.max_output_tokens, messages=input_messages(data),
+        tools=parse_tools(data.tools), tool_choice=data.tool_choice, parallel_tool_calls=data.parallel_tool_calls,
+        answer_format=text_format_constraint(data.text.format if data.text else None), user_spoke_last=user_last,
+        body_user=data.user, fields=PromptFields("input", "max_output_tokens"))
 
 
 class _Reply:
@@ -110,14 +122,15 @@ class _Reply:
                        "parameters": t.parameters, "strict": True} for t in self.plan.tools],
             "temperature": data.temperature, "top_p": data.top_p, "max_output_tokens": data.max_output_tokens,
             "previous_response_id": data.previous_response_id, "store": False,
-            "text": data.text or {"format": {"type": "text"}},
+            "text": msgspec.to_builtins(data.text) if data.text else {"format": {"type": "text"}},
             "usage": None if output is None else {
                 "input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
         }
 
 
-async def response_events(gen: Generation, reply: _Reply) -> AsyncGenerator[bytes, None]:
+async def response_events(admitted: Admission, reply: _Reply) -> AsyncGenerator[bytes, None]:
+    """The typed SSE events of a streamed response; an engine error (or a drain) ends it as failed."""
     seq = 0
 
     def event(kind: str, **fields: Any) -> bytes:
@@ -127,22 +140,32 @@ async def response_events(gen: Generation, reply: _Reply) -> AsyncGenerator[byte
 
     yield event("response.created", response=reply.body(None, None))
     yield event("response.in_progress", response=reply.body(None, None))
-    items = OutputItems(gen.request_id, ToolCallParser() if reply.plan.active else None)
+    items = OutputItems(reply.gen.request_id)
     reason: FinishReason | None = None
-    async with aclosing(gen.deltas()) as deltas:
-        async for delta in deltas:
-            if delta.error:  # an engine error, or a drain at shutdown: the response ends as failed
-                yield event("error", code="engine_error", message=delta.error, param=None)
+    async with aclosing(AnswerReader(admitted.generation, admitted.reads_calls).steps()) as steps:
+        async for step in steps:
+            if step.error:
+                yield event("error", code="engine_error", message=step.error, param=None)
                 failed = {**reply.body(None, None), "status": "failed",
-                          "error": {"code": "server_error", "message": delta.error}}
+                          "error": {"code": "server_error", "message": step.error}}
                 yield event("response.failed", response=failed)
                 return
-            for kind, fields in items.feed(delta.text, delta.finished):
+            for kind, fields in items.feed(step.events, step.finished):
                 yield event(kind, **fields)
-            reason = delta.finish_reason
+            reason = step.finish_reason
     final = reply.body(items.output(reason), reason)
     done = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
     yield event(done, response=final)
+
+
+async def response_body(admitted: Admission, reply: _Reply) -> dict[str, Any]:
+    """The whole response at once (not streamed)."""
+    text, reason = await admitted.generation.collect()
+    parser = ToolCallParser() if admitted.reads_calls else None
+    events = parser.feed(text) + parser.finish() if parser is not None else [ParseEvent(text=text)] if text else []
+    items = OutputItems(reply.gen.request_id)
+    items.feed(events, True)
+    return reply.body(items.output(reason), reason)
 
 
 class ResponsesController(Controller):
@@ -150,37 +173,10 @@ class ResponsesController(Controller):
     tags = ["openai"]
 
     @post("/responses", status_code=200, summary="Responses API (typed SSE events when stream is true)")
-    async def responses(self, request: Request[Any, Any, Any], data: ResponsesRequest) -> Response[Any]:
-        if data.previous_response_id is not None:
-            raise BadRequest(f"previous response {data.previous_response_id!r} not found: this server stores no "
-                             "responses; send the whole conversation as input", param="previous_response_id",
-                             code="previous_response_not_found")
-        messages = input_messages(data)
-        shape = response_shape(data, "auto")  # a 400 before anything else; the class may change it
-
-        async def prompt(gateway: Gateway, route: Route) -> list[int]:
-            nonlocal shape
-            shape = response_shape(data, class_tool_choice_of(gateway, route))
-            plan = shape.plan
-            return await chat_prompt_ids(gateway, route.model, messages, plan.tools if plan.active else None)
-
-        gen = await start(request, _AsSampling(data), "responses", data.max_output_tokens, prompt,
-                          lambda: shape.constraint, fields=("input", "max_output_tokens"))
-        plan = shape.plan
-        reply = _Reply(gen, data, plan)
+    async def responses(self, request: Request[Any, Any, Any], data: ResponsesRequest,
+                        gateway: Injected[Gateway]) -> Response[Any]:
+        admitted = await admit(request, gateway, response_request(data))
+        reply = _Reply(admitted.generation, data, admitted.plan)
         if data.stream:
-            return sse_stream(response_events(gen, reply))
-        text, reason = await gen.collect()
-        items = OutputItems(gen.request_id, ToolCallParser() if plan.active else None)
-        items.feed(text, True)
-        return Response(reply.body(items.output(reason), reason))
-
-
-class _AsSampling:
-    """The Responses request seen through the sampling fields that chat completions use."""
-
-    def __init__(self, data: ResponsesRequest) -> None:
-        self.model, self.user, self.temperature, self.top_p = data.model, data.user, data.temperature, data.top_p
-        self.n, self.seed, self.stop, self.top_k, self.min_p = 1, None, None, None, None
-        self.presence_penalty = self.frequency_penalty = self.repetition_penalty = None
-        self.ignore_eos = False
+            return sse_stream(response_events(admitted, reply))
+        return Response(await response_body(admitted, reply))

@@ -1,5 +1,6 @@
-"""What the OpenAI and Ollama routes share: who is asking, which class serves them, and one request's
-life in the engine (metered by the gateway itself, like every other submission: see engine/metering.py).
+"""What every request shares, whatever its API: who is asking, which class and model serve it (with the
+model on the device), and an LLM request's life in the engine once admitted (``Generation``; metered by
+the gateway itself, like every other submission: see engine/metering.py).
 
 Class: header X-HomeAI-Class > the API key's default class > a model alias in the policy > the user's
 default class > the endpoint's default (``Gateway.route`` applies the last three). User: the API key's;
@@ -8,7 +9,6 @@ without keys (loopback), header X-HomeAI-User, else the OpenAI ``user`` field, e
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncGenerator
@@ -20,14 +20,11 @@ from litestar import Request
 
 from homeai.api.auth import ANONYMOUS, resolve_caller
 from homeai.api.drain import engine_error
-from homeai.api.errors import BadRequest, ServiceUnavailable, to_api_error
+from homeai.api.errors import BadRequest, to_api_error
 from homeai.api.streaming import until_disconnect
-from homeai.api.tools import ToolSpec, with_tools_prompt
-from homeai.core.types import Constraint, FinishReason, SamplingParams, TokenDelta, TokenLogprob
-from homeai.engine.builder import template_has_tools
-from homeai.engine.embed_service import EmbedResult
+from homeai.core.types import FinishReason, SamplingParams, TokenDelta, TokenLogprob
+from homeai.engine.errors import QueueTimeoutError
 from homeai.engine.gateway import Gateway, Route
-from homeai.engine.llm_engine import RequestError
 from homeai.engine.metering import outcome_of_delta
 
 log = logging.getLogger(__name__)
@@ -65,15 +62,6 @@ async def request_context(request: Request[Any, Any, Any], body_user: str | None
     return RequestContext(user=user, class_name=request.headers.get(HEADER_CLASS) or key_class,
                           priority_level=_int_header(request, HEADER_PRIORITY),
                           timeout_us=timeout_ms * 1000 if timeout_ms and timeout_ms > 0 else None)
-
-
-def gateway_of(request: Request[Any, Any, Any]) -> Gateway:
-    from homeai.api.services import services_of  # goes with gateway_of (routes: ``gateway: Gateway``, injected)
-
-    gateway = services_of(request).gateway
-    if gateway is None:
-        raise ServiceUnavailable("the engine is still starting", headers={"Retry-After": "5"})
-    return gateway
 
 
 def normalize_model(model: str | None) -> str | None:
@@ -129,36 +117,6 @@ def check_priority(gateway: Gateway, route: Route, level: int | None) -> None:
                          f"got {level}", param=HEADER_PRIORITY)
 
 
-def check_prompt_fits(gateway: Gateway, route: Route, prompt_ids: list[int], max_tokens: int, field: str,
-                      max_tokens_field: str) -> None:
-    """The engine's and the class's limits on a prompt, checked before it is queued, as a 400 naming the
-    field (``messages``, ``prompt``, ``input``...): a refused request never reaches the engine or its meter."""
-    engine = gateway.llm(route.model)
-    n, limit = len(prompt_ids), engine.max_model_len
-    if n == 0:
-        raise BadRequest(f"{field} is empty: the prompt has no tokens", param=field)
-    if n >= limit:
-        raise BadRequest(f"{field} has {n} tokens; the context holds {limit} (prompt + at least 1 output token)",
-                         param=field, code="context_length_exceeded")
-    cp = gateway.policy.classes[route.class_name]
-    if cp.max_prompt_tokens and n > cp.max_prompt_tokens:
-        raise BadRequest(f"{field} has {n} tokens; class {route.class_name!r} allows {cp.max_prompt_tokens}",
-                         param=field, code="context_length_exceeded")
-    bm = engine.scheduler.block_manager
-    out = output_budget(gateway, route, prompt_ids, max_tokens)
-    if bm.blocks_needed(n + out) > bm.num_blocks:
-        param = field if bm.blocks_needed(n + 1) > bm.num_blocks else max_tokens_field
-        raise BadRequest(f"{field} ({n} tokens) + {max_tokens_field} ({out}) exceed the KV cache "
-                         f"({bm.num_blocks * bm.block_size} tokens)", param=param, code="context_length_exceeded")
-
-
-def output_budget(gateway: Gateway, route: Route, prompt_ids: list[int], max_tokens: int) -> int:
-    """The output tokens a request really gets: its max_tokens under the class's max_output_tokens and
-    the room the context leaves after the prompt (as the gateway and the engine cap it)."""
-    cp = gateway.policy.classes[route.class_name]
-    return min(max_tokens, cp.max_output_tokens or max_tokens, gateway.llm(route.model).max_model_len - len(prompt_ids))
-
-
 def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
@@ -169,11 +127,11 @@ class Generation:
     """One LLM request in the engine: submitted by ``open`` (whose first delta decides the HTTP status),
     then read by ``deltas`` or ``collect``. Leaving early aborts it (the gateway meters the outcome)."""
 
-    def __init__(self, request: Request[Any, Any, Any], route: Route, prompt_ids: list[int],
+    def __init__(self, request: Request[Any, Any, Any], gateway: Gateway, route: Route, prompt_ids: list[int],
                  params: SamplingParams, ctx: RequestContext, kind: str, fits: bool = True) -> None:
         self.request = request
         self.fits = fits  # False: a constrained answer too long for the budget, never started (see open)
-        self.gateway = gateway_of(request)
+        self.gateway = gateway
         self.route, self.prompt_ids, self.params, self.ctx, self.kind = route, prompt_ids, params, ctx, kind
         self.request_id = uuid.uuid4().hex
         self.num_output_tokens = 0
@@ -186,7 +144,7 @@ class Generation:
 
         A constrained answer whose shortest valid form does not fit in its budget (a forced call, a
         JSON schema) is not started: it ends at once, empty, with finish reason "length", rather than
-        in call syntax or JSON that the budget cuts (``constrain``)."""
+        in call syntax or JSON that the budget cuts (``admission.constrain``)."""
         route, ctx = self.route, self.ctx
         if not self.fits:
             self._iterator = _no_deltas()
@@ -201,9 +159,8 @@ class Generation:
             raise to_api_error(exc) if isinstance(exc, Exception) else exc from None
         if first.error is not None:
             await self._iterator.aclose()
-            if outcome_of_delta(first) == "timeout":
-                raise ServiceUnavailable(f"{first.error} in class {route.class_name!r}", code="queue_timeout",
-                                         headers={"Retry-After": "1"})
+            if outcome_of_delta(first) == "timeout":  # the same error as an embedding's queue timeout
+                raise to_api_error(QueueTimeoutError(f"{first.error} in class {route.class_name!r}"))
             raise engine_error(self.request, first.error)  # 503 when a drain ended it
         self._count(first)
         self._first = first
@@ -240,85 +197,6 @@ class Generation:
         self.logprobs += delta.logprobs
 
 
-async def run_embedding(request: Request[Any, Any, Any], route: Route, inputs: list[str] | list[list[int]],
-                        ctx: RequestContext) -> EmbedResult:
-    """Tokenize off the event loop, queue every input in the class, wait for the vectors."""
-    gateway = gateway_of(request)
-    embedder = gateway.embedders[route.model]
-    texts = [x for x in inputs if isinstance(x, str)]
-    if texts and len(texts) < len(inputs):
-        raise BadRequest("input mixes texts and token ids; send one kind", param="input")
-    if texts:
-        rows = await asyncio.to_thread(embedder.tokenize, texts)
-    else:
-        rows = [list(r) for r in inputs if not isinstance(r, str)]
-        for i, row in enumerate(rows):
-            check_token_ids(row, len(embedder.tokenizer), f"input[{i}]")
-    try:
-        return await until_disconnect(request, gateway.embed(route, rows, ctx.user, ctx.priority_level,
-                                                             ctx.timeout_us))
-    except Exception as exc:
-        raise to_api_error(exc) from None
-
-
-async def chat_prompt_ids(gateway: Gateway, model: str, messages: list[dict[str, Any]],
-                          tools: list[ToolSpec] | None = None) -> list[int]:
-    """The model's own chat template, applied off the event loop (long prompts take milliseconds).
-    Tools go through the template when it has a tools section, else into the system message."""
-    if tools and not template_has_tools(gateway.llm(model).tokenizer):
-        messages, tools = with_tools_prompt(messages, tools), None
-    definitions = [t.as_openai() for t in tools] if tools else None
-    try:
-        return await asyncio.to_thread(gateway.chat_prompt, model, messages, definitions)
-    except Exception as exc:  # the template refused these messages (say, roles out of order)
-        raise BadRequest(f"cannot apply the chat template: {exc}", param="messages") from exc
-
-
-def class_tool_choice_of(gateway: Gateway, route: Route) -> str:
-    """The class's tool_choice for requests that bring tools without choosing (policy ``tool_choice``)."""
-    return gateway.policy.classes[route.class_name].tool_choice
-
-
-async def compile_constraint(gateway: Gateway, route: Route, constraint: Constraint | None, field: str) -> int | None:
-    """Compile a request's grammar on a worker thread before it is queued; a bad schema is a 400 on ``field``.
-    Returns the output tokens of the shortest answer the grammar allows, its end included (None: unknown)."""
-    if constraint is None:
-        return None
-    try:
-        return await gateway.llm(route.model).compile_constraint(constraint)
-    except RequestError as exc:
-        raise BadRequest(str(exc), param=field) from exc
-
-
-async def constrain(gateway: Gateway, route: Route, prompt_ids: list[int], params: SamplingParams,
-                    sourced: tuple[Constraint, str]) -> bool:
-    """Put a compiled grammar (and the request field it came from) on ``params``; False when even its
-    shortest answer does not fit the request's budget, so the request is not started (``Generation``)."""
-    need = await compile_constraint(gateway, route, *sourced)
-    params.constraint = sourced[0]
-    budget = output_budget(gateway, route, prompt_ids, params.max_tokens)
-    if need is not None and need > budget:
-        log.info("constrained answer (%s) needs %d output tokens, the budget is %d: not started", sourced[1],
-                 need, budget)
-        return False
-    return True
-
-
 async def _no_deltas() -> AsyncGenerator[TokenDelta, None]:
     return
     yield  # an async generator that ends at once
-
-
-async def text_prompt_ids(gateway: Gateway, model: str, text: str) -> list[int]:
-    return await asyncio.to_thread(gateway.encode, model, text)
-
-
-def default_max_tokens(gateway: Gateway, route: Route, prompt_ids: list[int], requested: int | None) -> int:
-    """An unset limit means "until the context or the KV cache is full" (the class's max_output_tokens
-    still caps it); a small KV cache must not turn every request without max_tokens into a 400."""
-    if requested is not None:
-        return requested
-    engine = gateway.llm(route.model)
-    bm = engine.scheduler.block_manager
-    room = min(engine.max_model_len, bm.num_blocks * bm.block_size) - len(prompt_ids)
-    return max(1, room)

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from homeai.api.errors import BadRequest
+from homeai.api.openai_schemas import ResponseFormat, TextFormat
 from homeai.core.types import Constraint, ConstraintKind
 
 JSON_OBJECT = Constraint(ConstraintKind.JSON_OBJECT)
@@ -59,31 +60,26 @@ def schema_constraint(schema: Any, field: str) -> Sourced:
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True)), field
 
 
-def response_format_constraint(fmt: dict[str, Any] | None, field: str = "response_format") -> Sourced | None:
+def response_format_constraint(fmt: ResponseFormat | None, field: str = "response_format") -> Sourced | None:
     """OpenAI chat ``response_format``: text (no constraint), json_object, or json_schema (always strict)."""
-    if fmt is None:
+    if fmt is None or fmt.type == "text":
         return None
-    kind = fmt.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
+    if fmt.type == "json_object":
         return JSON_OBJECT, field
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
-            raise BadRequest("json_schema needs a 'schema'", param=f"{field}.json_schema.schema")
-        return schema_constraint(spec["schema"], f"{field}.json_schema.schema")
-    raise BadRequest(f"response_format type must be text, json_object or json_schema, got {kind!r}",
-                     param=f"{field}.type")
+    if fmt.json_schema is None:
+        raise BadRequest("json_schema needs a 'schema'", param=f"{field}.json_schema.schema")
+    return schema_constraint(fmt.json_schema.schema, f"{field}.json_schema.schema")
 
 
-def text_format_constraint(fmt: dict[str, Any] | None, field: str = "text.format") -> Sourced | None:
+def text_format_constraint(fmt: TextFormat | None, field: str = "text.format") -> Sourced | None:
     """Responses API ``text.format``: like ``response_format`` with the schema beside the type."""
-    if fmt is None or fmt.get("type") != "json_schema":
-        return response_format_constraint(fmt, field)
-    if "schema" not in fmt:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return JSON_OBJECT, field
+    if fmt.schema is None:
         raise BadRequest("json_schema needs a 'schema'", param=f"{field}.schema")
-    return schema_constraint(fmt["schema"], f"{field}.schema")
+    return schema_constraint(fmt.schema, f"{field}.schema")
 
 
 def ollama_format_constraint(fmt: Any, field: str = "format") -> Sourced | None:

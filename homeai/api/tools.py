@@ -18,10 +18,12 @@ shortest form does not fit is not started (``homeai.api.serving.Generation``).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from homeai.api.errors import BadRequest
+from homeai.api.openai_schemas import EarlierCall, FunctionTool, ResponsesFunctionTool
 from homeai.core.types import Constraint, ConstraintKind
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -76,22 +78,18 @@ class ToolPlan:
                                                                     sort_keys=True))
 
 
-def parse_tools(raw: list[dict[str, Any]] | None, field_name: str = "tools") -> list[ToolSpec]:
-    """OpenAI chat / Ollama (``{"type": "function", "function": {...}}``) or Responses (flat) tools."""
+def parse_tools(tools: Sequence[FunctionTool | ResponsesFunctionTool] | None, field_name: str = "tools") \
+        -> list[ToolSpec]:
+    """The request's function tools (typed by their schemas: chat and Ollama nest the function, Responses
+    puts its fields beside the type), with names a call can be written with and no two alike."""
     specs: list[ToolSpec] = []
-    for i, tool in enumerate(raw or []):
-        where = f"{field_name}[{i}]"
-        kind = tool.get("type", "function") if isinstance(tool, dict) else repr(tool)
-        if kind != "function":
-            raise BadRequest(f"only function tools are supported, got {kind!r}", param=f"{where}.type")
-        fn = tool.get("function", tool)
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(name, str) or not name or '"' in name or "\\" in name:
-            raise BadRequest("a function tool needs a name (no quotes or backslashes)", param=f"{where}.function.name")
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(params, dict):
-            raise BadRequest("parameters must be a JSON Schema object", param=f"{where}.function.parameters")
-        specs.append(ToolSpec(name, str(fn.get("description") or ""), params))
+    for i, tool in enumerate(tools or []):
+        fn = tool.function if isinstance(tool, FunctionTool) else tool
+        where = f"{field_name}[{i}].function.name" if isinstance(tool, FunctionTool) else f"{field_name}[{i}].name"
+        if not fn.name or '"' in fn.name or "\\" in fn.name:
+            raise BadRequest("a function tool needs a name (no quotes or backslashes)", param=where)
+        params = fn.parameters or {"type": "object", "properties": {}}
+        specs.append(ToolSpec(fn.name, fn.description or "", params))
     if len({s.name for s in specs}) != len(specs):
         raise BadRequest("two tools share a name", param=field_name)
     return specs
@@ -135,10 +133,9 @@ class AnswerShape:
     constraint: tuple[Constraint, str] | None
 
 
-def answer_shape(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None,
+def answer_shape(specs: list[ToolSpec], choice: Any, parallel: bool | None,
                  fmt: tuple[Constraint, str] | None, class_choice: str, user_spoke_last: bool) -> AnswerShape:
     """Tools or a response format, not both (a call is no JSON document of the requested shape)."""
-    specs = parse_tools(tools)
     chosen = class_tool_choice(choice, class_choice, user_spoke_last) if specs else choice
     if chosen is not choice and parallel is None:  # the class's "required" asks for one call a turn
         parallel = False
@@ -174,6 +171,11 @@ def with_tools_prompt(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> 
 def tool_result_message(content: str) -> dict[str, str]:
     """A tool's result, as a user turn every template accepts."""
     return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+
+
+def earlier_calls(calls: Sequence[EarlierCall]) -> list[tuple[str, Any]]:
+    """(name, arguments) of the calls an earlier assistant turn made (arguments: JSON text or an object)."""
+    return [(c.function.name, c.function.arguments or "{}") for c in calls]
 
 
 def assistant_calls_message(content: str, calls: list[tuple[str, Any]]) -> dict[str, str]:

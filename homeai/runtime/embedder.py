@@ -99,19 +99,16 @@ class Embedder:
 
     # ---- tokenizing --------------------------------------------------------------------------------
 
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids with [CLS]/[SEP], truncated to `max_length`: exactly what `embed` runs."""
+    def tokenize(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
+        """Token ids with [CLS]/[SEP], truncated to `max_length` (what `embed` runs), or uncut (to refuse
+        what would be cut: a row longer than `max_length` must not be embedded)."""
         _check_texts(texts)
         with self._tokenizer_lock:
-            encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self._max_length)
+            if truncate:
+                encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self._max_length)
+            else:
+                encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False)
         return encoded["input_ids"]
-
-    def token_lengths(self, texts: list[str]) -> list[int]:
-        """Tokens each text would take uncut, [CLS]/[SEP] included (to refuse what `tokenize` would cut)."""
-        _check_texts(texts)
-        with self._tokenizer_lock:
-            encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False)
-        return [len(ids) for ids in encoded["input_ids"]]
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Tokens each text costs after truncation (for usage reports and fairness counters)."""

@@ -9,7 +9,8 @@ import pytest
 from litestar.exceptions import ClientException, ValidationException
 
 from homeai.api.errors import BadRequest, error_body, to_api_error
-from homeai.api.openai_routes import embedding_inputs, message_dicts, sampling_params
+from homeai.api.openai_chat import message_dicts, sampling_params
+from homeai.api.openai_routes import embedding_inputs
 from homeai.api.openai_schemas import ChatCompletionRequest, ResponsesRequest
 from homeai.api.responses_routes import input_messages
 from homeai.api.settings import DEFAULT_POLICY, POLICY_FILE_NAME, Settings, default_data_dir
@@ -71,8 +72,8 @@ def test_chat_messages_and_sampling_defaults() -> None:
                                             {"role": "user", "content": "hi there"},
                                             {"role": "assistant", "content": ""},
                                             {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}]
-    params = sampling_params(data, 16)
-    assert (params.temperature, params.top_p, params.stop, params.max_tokens) == (1.0, 1.0, ["x"], 16)
+    params = sampling_params(data)
+    assert (params.temperature, params.top_p, params.stop) == (1.0, 1.0, ["x"])
     image = msgspec.json.decode(b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
                                 type=ChatCompletionRequest)
     with pytest.raises(BadRequest) as err:

@@ -8,12 +8,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
+from homeai.api.admission import LLMRequest, PromptFields, max_tokens_of
 from homeai.api.errors import BadRequest
-from homeai.api.serving import HEADER_PRIORITY, check_priority, check_prompt_fits
+from homeai.api.openai_schemas import ResponseFormat
+from homeai.api.serving import HEADER_PRIORITY, check_priority
 from homeai.api.structured import ollama_format_constraint, response_format_constraint, unenforced_keyword
 from homeai.core.block_manager import BlockManager
+from homeai.core.types import SamplingParams
 from homeai.engine.gateway import Route
 from homeai.policy.loader import load_policy
 
@@ -38,22 +42,33 @@ def test_priority_must_be_one_of_the_class_levels() -> None:
         assert refused.value.param == HEADER_PRIORITY and "from 1 to 2" in refused.value.message
 
 
+def request(max_tokens: int | None, prompt_field: str = "messages", limit_field: str = "max_tokens") -> LLMRequest:
+    return LLMRequest("smollm2-135m-instruct", "chat", SamplingParams(), max_tokens,
+                      fields=PromptFields(prompt_field, limit_field))
+
+
 def test_a_prompt_too_long_names_its_field() -> None:
     gateway, route = fake_gateway(max_model_len=2048, kv_blocks=64), Route("smollm2-135m-instruct", "chat")
-    check_prompt_fits(gateway, route, list(range(100)), 100, "messages", "max_tokens")
+    assert max_tokens_of(gateway, route, list(range(100)), request(100)) == 100
     for n, field in ((2048, "messages"), (3000, "prompt"), (0, "input")):
         with pytest.raises(BadRequest) as refused:
-            check_prompt_fits(gateway, route, list(range(n)), 16, field, "max_tokens")
+            max_tokens_of(gateway, route, list(range(n)), request(16, field))
         assert refused.value.param == field
     with pytest.raises(BadRequest) as refused:  # the KV cache (64 x 16 tokens) holds the prompt, not the answer
-        check_prompt_fits(gateway, route, list(range(1000)), 1000, "messages", "max_completion_tokens")
+        max_tokens_of(gateway, route, list(range(1000)), request(1000, "messages", "max_completion_tokens"))
     assert refused.value.param == "max_completion_tokens"
+    # unset: as much as the context and the KV cache leave (never a 400 for a small cache)
+    assert max_tokens_of(gateway, route, list(range(1000)), request(None)) == 64 * 16 - 1000
+
+
+def json_schema(schema: Any) -> ResponseFormat:
+    return msgspec.convert({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, ResponseFormat)
 
 
 def test_schema_keywords_the_grammar_drops_are_refused() -> None:
     """Before: {"not": {}} (nothing satisfies it) compiled to "any JSON" and the model answered null."""
     with pytest.raises(BadRequest) as refused:
-        response_format_constraint({"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}})
+        response_format_constraint(json_schema({"not": {}}))
     assert refused.value.param == "response_format.json_schema.schema" and "'not'" in refused.value.message
     with pytest.raises(BadRequest) as refused:
         ollama_format_constraint({"type": "object", "properties": {"a": {"if": {"type": "string"}}}})
@@ -65,4 +80,4 @@ def test_schema_keywords_the_grammar_drops_are_refused() -> None:
     # a property named "not", and data that holds the word, are fine
     fine = {"type": "object", "properties": {"not": {"type": "string"}}, "enum": [{"not": 1}], "const": {"if": 2}}
     assert unenforced_keyword(fine) is None
-    assert response_format_constraint({"type": "json_schema", "json_schema": {"name": "x", "schema": fine}})
+    assert response_format_constraint(json_schema(fine))

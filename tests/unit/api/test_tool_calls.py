@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import random
 
+import msgspec
 import pytest
 
 from homeai.api.errors import BadRequest
-from homeai.api.openai_chat import chat_message
-from homeai.api.openai_routes import finish_reason
+from homeai.api.openai_schemas import ChatCompletionRequest, FunctionTool, ResponsesFunctionTool
+from homeai.api.openai_stream import chat_message, finish_reason
 from homeai.api.responses_output import OutputItems
 from homeai.api.tool_calls import ToolCallParser, parse_all
 from homeai.api.tools import ToolSpec, call_text, parse_tools, plan_tools
@@ -47,8 +48,9 @@ def test_streamed_in_random_pieces_reassembles(seed: int) -> None:
 
 
 def test_tool_choice() -> None:
-    tools = parse_tools([{"type": "function", "function": {"name": "a"}}, {"type": "function", "name": "b",
-                                                                          "parameters": {"type": "object"}}])
+    tools = [*parse_tools(msgspec.convert([{"type": "function", "function": {"name": "a"}}], list[FunctionTool])),
+             *parse_tools(msgspec.convert([{"type": "function", "name": "b", "parameters": {"type": "object"}}],
+                                          list[ResponsesFunctionTool]))]
     assert plan_tools(tools, None, None).mode == "auto"
     assert plan_tools([], None, None).active is False
     named = plan_tools(tools, {"type": "function", "function": {"name": "b"}}, False)
@@ -57,8 +59,12 @@ def test_tool_choice() -> None:
     with pytest.raises(BadRequest) as err:
         plan_tools(tools, {"type": "function", "function": {"name": "c"}}, None)
     assert err.value.param == "tool_choice"
-    with pytest.raises(BadRequest):
-        parse_tools([{"type": "code_interpreter"}])
+    with pytest.raises(msgspec.ValidationError, match=r"tools\[0\]\.type"):  # a 400 naming the field
+        msgspec.convert({"model": "m", "messages": [{"role": "user"}], "tools": [{"type": "code_interpreter"}]},
+                        ChatCompletionRequest)
+    with pytest.raises(BadRequest) as err:
+        parse_tools(msgspec.convert([{"function": {"name": "a"}}, {"function": {"name": "a"}}], list[FunctionTool]))
+    assert err.value.param == "tools"
     assert tools[0] == ToolSpec("a")
 
 
@@ -91,7 +97,8 @@ def test_a_call_cut_short_is_dropped_and_none_of_its_syntax_is_text(answer: str)
 
 
 def test_forced_choices_end_after_one_call() -> None:
-    tools = parse_tools([{"type": "function", "function": {"name": n}} for n in ("a", "b")])
+    tools = parse_tools(msgspec.convert([{"type": "function", "function": {"name": n}} for n in ("a", "b")],
+                                        list[FunctionTool]))
     named = {"type": "function", "function": {"name": "b"}}
     for choice, parallel in (("required", True), ("required", None), (named, True), (named, False)):
         fmt = json.loads(plan_tools(tools, choice, parallel).constraint().spec)["format"]  # type: ignore[union-attr]
@@ -102,16 +109,18 @@ def test_forced_choices_end_after_one_call() -> None:
 
 def test_what_each_api_makes_of_a_cut_call() -> None:
     answer = "Sure <tool_call>{\"name\": \"HassTurnOn\", \"arguments\": {\"name\": \"kitch"
-    message, called = chat_message(answer, tools=True)
+    message, called = chat_message(answer, reads_calls=True)
     assert message.content == "Sure " and not message.tool_calls and not called
     assert finish_reason(FinishReason.LENGTH, called) == "length"
-    items = OutputItems("r1", ToolCallParser())
-    events = [e for piece in answer for e in items.feed(piece, False)] + items.feed("", True)
+    items, parser = OutputItems("r1"), ToolCallParser()
+    events = [e for piece in answer for e in items.feed(parser.feed(piece), False)]
+    events += items.feed(parser.finish(), True)
     assert not any(fields.get("item", {}).get("type") == "function_call" for _, fields in events)
     output = items.output(FinishReason.LENGTH)
     assert [(i["type"], i["status"]) for i in output] == [("message", "incomplete")]
     assert output[0]["content"][0]["text"] == "Sure "
-    whole = OutputItems("r2", ToolCallParser())
-    whole.feed(call_text("HassTurnOn", {"name": "hall"}) + "\n" + answer.removeprefix("Sure "), True)
+    whole, parser = OutputItems("r2"), ToolCallParser()
+    whole.feed(parser.feed(call_text("HassTurnOn", {"name": "hall"}) + "\n" + answer.removeprefix("Sure "))
+               + parser.finish(), True)
     assert [(i["type"], i["status"], i.get("arguments")) for i in whole.output(FinishReason.LENGTH)] == [
         ("function_call", "completed", '{"name": "hall"}')]

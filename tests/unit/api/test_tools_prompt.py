@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from transformers import PreTrainedTokenizerBase
 
 from homeai.api.errors import BadRequest
+from homeai.api.openai_schemas import FunctionTool
 from homeai.api.structured import JSON_OBJECT
 from homeai.api.tools import (
     TOOLS_SYSTEM_PROMPT,
@@ -22,7 +24,9 @@ from homeai.api.tools import (
 from homeai.engine.builder import chat_prompt_ids, load_tokenizer, template_has_tools
 from homeai.policy.loader import load_policy
 
-TOOLS = parse_tools([{"type": "function", "function": {"name": "HassTurnOn", "parameters": {"type": "object"}}}])
+TOOLS = parse_tools(msgspec.convert([{"type": "function", "function": {"name": "HassTurnOn",
+                                                                       "parameters": {"type": "object"}}}],
+                                    list[FunctionTool]))
 TOOLS_TEMPLATE = ("{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
                   "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
 
@@ -66,12 +70,12 @@ def test_class_tool_choice() -> None:
     assert class_tool_choice(None, "required", True) == "required"
     assert class_tool_choice(None, "required", False) == "none"  # after a tool result: words
     assert class_tool_choice("auto", "required", True) == "auto"  # the request's own choice wins
-    shape = answer_shape([t.as_openai() for t in TOOLS], None, None, None, "required", True)
+    shape = answer_shape(TOOLS, None, None, None, "required", True)
     assert shape.plan.mode == "required" and not shape.plan.parallel and shape.constraint is not None
-    assert answer_shape(None, None, None, (JSON_OBJECT, "format"), "required", True).constraint == (JSON_OBJECT,
+    assert answer_shape([], None, None, (JSON_OBJECT, "format"), "required", True).constraint == (JSON_OBJECT,
                                                                                                   "format")
     with pytest.raises(BadRequest) as err:
-        answer_shape([t.as_openai() for t in TOOLS], None, None, (JSON_OBJECT, "response_format.json_schema.schema"),
+        answer_shape(TOOLS, None, None, (JSON_OBJECT, "response_format.json_schema.schema"),
                      "auto", True)
     assert err.value.param == "response_format"
 

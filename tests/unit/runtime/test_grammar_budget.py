@@ -13,11 +13,13 @@ import json
 from pathlib import Path
 
 import jsonschema
+import msgspec
 import pytest
 import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
+from homeai.api.openai_schemas import FunctionTool
 from homeai.api.tool_calls import parse_all
 from homeai.api.tools import parse_tools, plan_tools
 from homeai.bench.constrained_bench import LONG_ARRAY
@@ -34,8 +36,9 @@ NESTED = {"type": "object", "required": ["items", "note"], "properties": {
     "items": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["id", "tags"], "properties": {
         "id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}}},
     "note": {"type": "string"}, "kind": {"enum": ["alpha", "beta"]}}}
-TOOLS = parse_tools([{"type": "function", "function": {"name": n, "parameters": p}}
-                     for n, p in (("HassTurnOn", LIGHT), ("HassTurnOff", LIGHT), ("HassLightSet", SET))])
+TOOLS = parse_tools(msgspec.convert(
+    [{"type": "function", "function": {"name": n, "parameters": p}}
+     for n, p in (("HassTurnOn", LIGHT), ("HassTurnOff", LIGHT), ("HassLightSet", SET))], list[FunctionTool]))
 SCHEMAS = {t.name: t.parameters for t in TOOLS}
 CONSTRAINTS = {
     "required": plan_tools(TOOLS, "required", None).constraint(),

@@ -1,0 +1,72 @@
+"""One way in for embedding requests (OpenAI /v1/embeddings, Ollama /api/embed and /api/embeddings, and
+the search route's query): route once, tokenize each input once, refuse or cut what is too long, queue
+every input in the class, wait for the vectors.
+
+The encoder embeds at most ``max_length`` tokens ([CLS] and [SEP] included; 256 for all-minilm-l6-v2)
+and its tokenizer silently cuts longer texts, so a search could miss everything past the cut and
+nobody would know. OpenAI's /v1/embeddings refuses such an input with a 400 naming it; Ollama's
+/api/embed has ``truncate`` (default true: cut; false: refuse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from litestar import Request
+
+from homeai.api.errors import BadRequest, to_api_error
+from homeai.api.serving import RequestContext, check_token_ids, request_context, route_request
+from homeai.api.streaming import until_disconnect
+from homeai.engine.embed_service import EmbedResult
+from homeai.engine.gateway import Gateway, Route
+
+
+async def admit_embedding(request: Request[Any, Any, Any], gateway: Gateway, model: str | None,
+                          inputs: list[str] | list[list[int]], *, cut_long: bool, body_user: str | None = None,
+                          dimensions: int | None = None, num_ctx: int | None = None) -> tuple[Route, EmbedResult]:
+    """Route, check and embed ``inputs`` (texts, or token rows); ``cut_long``: cut inputs longer than the
+    model takes (else a 400 naming the first); ``dimensions``: a size the caller expects (a 400 unless
+    it is the model's); ``num_ctx`` (Ollama's option): a 400 above what the model takes."""
+    ctx = await request_context(request, body_user)
+    route = route_request(gateway, model, ctx, "embedding")
+    embedder = gateway.embedders[route.model]
+    if dimensions is not None and dimensions != embedder.dim:
+        raise BadRequest(f"model {route.model!r} gives {embedder.dim} dimensions", param="dimensions")
+    if num_ctx is not None and num_ctx > embedder.max_length:
+        raise BadRequest(f"options.num_ctx is {num_ctx}; model {route.model!r} holds at most {embedder.max_length} "
+                         "tokens", param="options.num_ctx")
+    return route, await run_embedding(request, gateway, route, inputs, ctx, cut_long)
+
+
+async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route: Route,
+                        inputs: list[str] | list[list[int]], ctx: RequestContext,
+                        cut_long: bool = True) -> EmbedResult:
+    """Tokenize once, off the event loop; queue every input in the class; wait for the vectors."""
+    embedder = gateway.embedders[route.model]
+    texts = [x for x in inputs if isinstance(x, str)]
+    if texts and len(texts) < len(inputs):
+        raise BadRequest("input mixes texts and token ids; send one kind", param="input")
+    if texts:
+        rows = await asyncio.to_thread(embedder.tokenize, texts, cut_long)
+    else:
+        rows = [list(r) for r in inputs if not isinstance(r, str)]
+        for i, row in enumerate(rows):
+            check_token_ids(row, len(embedder.tokenizer), f"input[{i}]")
+    if not cut_long:
+        check_lengths(rows, embedder.max_length, route.model)
+    try:
+        return await until_disconnect(request, gateway.embed(route, rows, ctx.user, ctx.priority_level,
+                                                             ctx.timeout_us))
+    except Exception as exc:
+        raise to_api_error(exc) from None
+
+
+def check_lengths(rows: list[list[int]], limit: int, model: str, field: str = "input") -> None:
+    """BadRequest naming the first input over ``limit`` tokens."""
+    for i, row in enumerate(rows):
+        if len(row) > limit:
+            param = f"{field}[{i}]" if len(rows) > 1 else field
+            raise BadRequest(f"{param} has {len(row)} tokens; model {model!r} embeds at most {limit} tokens per "
+                             "input. Shorten it or split it into several inputs.", param=param,
+                             code="context_length_exceeded")
