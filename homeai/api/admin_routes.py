@@ -23,6 +23,7 @@ from litestar import Request, Response, Router, get, post, put
 from litestar.params import Parameter
 
 from homeai.api.auth import ADMIN, require_admin, resolve_caller
+from homeai.api.errors import ApiError, BadRequest, NotFound, ServiceUnavailable, Unprocessable
 from homeai.api.policy_apply import Applied, apply_policy_text, check_policy_text, record_running_policy, running_text
 from homeai.api.services import Injected
 from homeai.policy.loader import PolicyError
@@ -33,23 +34,15 @@ YAML_MEDIA_TYPE = "application/yaml"
 MAX_VERSION = 2**31 - 1  # larger numbers cannot be stored versions (and overflow SQLite's INTEGER)
 
 
-def error_response(status_code: int, message: str, errors: list[dict[str, Any]] | None = None) -> Response[Any]:
-    body: dict[str, Any] = {"message": message, "type": "invalid_request_error" if status_code < 500 else
-                            "server_error"}
-    if errors is not None:
-        body["errors"] = errors
-    return Response({"error": body}, status_code=status_code)
-
-
 def policy_error_items(e: PolicyError) -> list[dict[str, Any]]:
     """The 422's ``errors``: ``{"path", "message", "line"}`` each (line 1-based, or None)."""
     return [{"path": path, "message": msg, "line": line} for path, msg, line in e.located()]
 
 
-def policy_error_response(e: PolicyError) -> Response[Any]:
+def policy_refused(e: PolicyError) -> Unprocessable:
     n = len(e.errors)
     message = f"invalid policy ({n} error{'s' if n != 1 else ''}); the running policy is unchanged"
-    return error_response(422, message, policy_error_items(e))
+    return Unprocessable(message, code="invalid_policy", errors=policy_error_items(e))
 
 
 async def _yaml_text(request: Request[Any, Any, Any]) -> str | None:
@@ -77,13 +70,13 @@ async def put_policy(request: Request[Any, Any, Any], policy_holder: Injected[Po
                      store: Injected[Store | None], policy_path: Injected[Path | None]) -> Response[Any]:
     text = await _yaml_text(request)
     if text is None:
-        return error_response(400, "the policy must be UTF-8 YAML text")
+        raise BadRequest("the policy must be UTF-8 YAML text")
     caller = await resolve_caller(request)
     try:
         applied = await apply_policy_text(policy_holder, store, text, caller.user, note="PUT /admin/policy",
                                           source="PUT /admin/policy", persist_to=policy_path)
     except PolicyError as e:
-        return policy_error_response(e)
+        raise policy_refused(e) from None
     return Response(_applied_body(applied, policy_holder))
 
 
@@ -92,11 +85,11 @@ async def put_policy(request: Request[Any, Any, Any], policy_holder: Injected[Po
 async def validate_policy(request: Request[Any, Any, Any], policy_holder: Injected[PolicyHolder]) -> Response[Any]:
     text = await _yaml_text(request)
     if text is None:
-        return error_response(400, "the policy must be UTF-8 YAML text")
+        raise BadRequest("the policy must be UTF-8 YAML text")
     try:
         checked = check_policy_text(policy_holder, text, source="POST /admin/policy/validate")
     except PolicyError as e:
-        return policy_error_response(e)
+        raise policy_refused(e) from None
     policy = checked.policy
     return Response({"valid": True, "changed": checked.changed, "diff": checked.diff,
                      "policy": {"classes": sorted(policy.classes), "users": sorted(policy.users),
@@ -109,7 +102,7 @@ async def policy_history(
     limit: Annotated[int, Parameter(ge=1, le=1000)] = 50,
 ) -> Response[Any]:
     if store is None:
-        return error_response(503, "no store: the policy history is unavailable")
+        raise ServiceUnavailable("no store: the policy history is unavailable")
     await record_running_policy(policy_holder, store)
     versions = await store.policy_versions.history(limit)
     current_text = running_text(policy_holder)
@@ -122,10 +115,10 @@ async def policy_version(
     store: Injected[Store | None], version: Annotated[int, Parameter(ge=1, le=MAX_VERSION)],
 ) -> Response[Any]:
     if store is None:
-        return error_response(503, "no store: the policy history is unavailable")
+        raise ServiceUnavailable("no store: the policy history is unavailable")
     found = await store.policy_versions.get(version)
     if found is None:
-        return error_response(404, f"no policy version {version}")
+        raise NotFound(f"no policy version {version}", param="version")
     return Response({**found.summary(), "yaml": found.yaml_text})
 
 
@@ -136,35 +129,35 @@ async def rollback_policy(
     query_version: Annotated[int | None, Parameter(query="version", ge=1, le=MAX_VERSION)] = None,
 ) -> Response[Any]:
     if store is None:
-        return error_response(503, "no store: nothing to roll back to")
+        raise ServiceUnavailable("no store: nothing to roll back to")
     raw = await request.body()
     try:
         body = json.loads(raw) if raw.strip() else {}
     except (ValueError, UnicodeDecodeError):
-        return error_response(400, "the body must be JSON: {\"version\": N}")
+        raise BadRequest("the body must be JSON: {\"version\": N}", param="version") from None
     version = body.get("version") if isinstance(body, dict) else None
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)
                                 or not 1 <= version <= MAX_VERSION):
-        return error_response(400, f"version must be an integer from 1 to {MAX_VERSION}")
+        raise BadRequest(f"version must be an integer from 1 to {MAX_VERSION}", param="version")
     if query_version is not None and version is not None and query_version != version:
-        return error_response(400, f"the query asks for version {query_version} and the body for {version}")
+        raise BadRequest(f"the query asks for version {query_version} and the body for {version}", param="version")
     version = query_version if query_version is not None else version
     if version is None:
         await record_running_policy(policy_holder, store)
         history = await store.policy_versions.history(limit=2)
         if len(history) < 2:
-            return error_response(409, "there is no previous policy version")
+            raise ApiError("there is no previous policy version", status_code=409, code="no_previous_version")
         version = history[1].version
     target = await store.policy_versions.get(version)
     if target is None:
-        return error_response(404, f"no policy version {version}")
+        raise NotFound(f"no policy version {version}", param="version")
     caller = await resolve_caller(request)
     try:
         applied = await apply_policy_text(policy_holder, store, target.yaml_text, caller.user,
                                           note=f"rollback to {version}", source=f"policy version {version}",
                                           persist_to=policy_path)
     except PolicyError as e:  # stored under an older schema that no longer validates
-        return policy_error_response(e)
+        raise policy_refused(e) from None
     return Response({**_applied_body(applied, policy_holder), "rolled_back_to": version})
 
 

@@ -24,9 +24,10 @@ from homeai.api.serving import Generation, check_token_ids, request_context, res
 from homeai.api.structured import Sourced
 from homeai.api.tools import AnswerShape, ToolPlan, ToolSpec, answer_shape, with_tools_prompt
 from homeai.core.types import SamplingParams
-from homeai.engine.builder import template_has_tools
-from homeai.engine.gateway import Gateway, Route
-from homeai.engine.llm_engine import RequestError
+from homeai.engine.builder import chat_prompt_ids, template_has_tools
+from homeai.engine.llm_engine import LLMEngine, RequestError
+from homeai.gateway.gateway import Gateway, Route
+from homeai.policy.schema import ClassPolicy
 
 log = logging.getLogger(__name__)
 
@@ -82,33 +83,33 @@ async def admit(request: Request[Any, Any, Any], gateway: Gateway, req: LLMReque
     ctx = await request_context(request, req.body_user)
     route = route_request(gateway, req.model, ctx, "llm")
     await resident(gateway, route, ctx, req.keep_alive_s)
-    check_num_ctx(gateway, route, req.num_ctx)
-    shape = answer_shape(req.tools, req.tool_choice, req.parallel_tool_calls, req.answer_format,
-                         gateway.policy.classes[route.class_name].tool_choice, req.user_spoke_last)
-    prompt_ids = [*req.context_ids, *await prompt_ids_of(gateway, route, req, shape)]
+    engine, cp = gateway.llm(route.model), gateway.policy.classes[route.class_name]
+    check_num_ctx(engine, route, req.num_ctx)
+    shape = answer_shape(req.tools, req.tool_choice, req.parallel_tool_calls, req.answer_format, cp.tool_choice,
+                         req.user_spoke_last)
+    prompt_ids = [*req.context_ids, *await prompt_ids_of(engine, req, shape)]
     params = dataclasses.replace(req.sampling, logprobs=req.logprobs,
-                                 max_tokens=max_tokens_of(gateway, route, prompt_ids, req))
-    fits = await constrain(gateway, route, prompt_ids, params, shape.constraint)
+                                 max_tokens=max_tokens_of(engine, cp, route, prompt_ids, req))
+    fits = await constrain(engine, prompt_ids, params, shape.constraint)
     generation = Generation(request, gateway, route, prompt_ids, params, ctx, req.kind, fits)
     await generation.open()
     return Admission(generation, shape.plan)
 
 
-def check_num_ctx(gateway: Gateway, route: Route, num_ctx: int | None) -> None:
+def check_num_ctx(engine: LLMEngine, route: Route, num_ctx: int | None) -> None:
     """Ollama's ``options.num_ctx``: above the model's context it is a 400 (a smaller one is served in the
     model's own context)."""
     if num_ctx is None:
         return
-    limit = gateway.llm(route.model).max_model_len
+    limit = engine.max_model_len
     if num_ctx > limit:
         raise BadRequest(f"options.num_ctx is {num_ctx}; model {route.model!r} holds at most {limit} tokens",
                          param="options.num_ctx")
 
 
-async def prompt_ids_of(gateway: Gateway, route: Route, req: LLMRequest, shape: AnswerShape) -> list[int]:
+async def prompt_ids_of(engine: LLMEngine, req: LLMRequest, shape: AnswerShape) -> list[int]:
     """The prompt's token ids: chat messages through the model's own template (off the event loop: long
     prompts take milliseconds), text encoded as it is, or token ids checked against the vocabulary."""
-    engine = gateway.llm(route.model)
     check_token_ids(req.context_ids, len(engine.tokenizer), "context")
     if req.messages is not None:
         messages, tools = req.messages, shape.plan.tools if shape.plan.active else None
@@ -116,23 +117,21 @@ async def prompt_ids_of(gateway: Gateway, route: Route, req: LLMRequest, shape: 
             messages, tools = with_tools_prompt(messages, tools), None
         definitions = [t.as_openai() for t in tools] if tools else None
         try:
-            return await asyncio.to_thread(gateway.chat_prompt, route.model, messages, definitions)
+            return await asyncio.to_thread(chat_prompt_ids, engine.tokenizer, messages, definitions)
         except Exception as exc:  # the template refused these messages (say, roles out of order)
             raise BadRequest(f"cannot apply the chat template: {exc}", param=req.fields.prompt) from exc
     if req.text is not None:
-        return await asyncio.to_thread(gateway.encode, route.model, req.text)
+        return list(await asyncio.to_thread(engine.tokenizer.encode, req.text, add_special_tokens=False))
     ids = list(req.token_ids or [])
     check_token_ids(ids, len(engine.tokenizer), req.fields.prompt)
     return ids
 
 
-def max_tokens_of(gateway: Gateway, route: Route, prompt_ids: list[int], req: LLMRequest) -> int:
+def max_tokens_of(engine: LLMEngine, cp: ClassPolicy, route: Route, prompt_ids: list[int], req: LLMRequest) -> int:
     """The output limit the request gets, after every limit on its prompt is checked: the engine's
     context, the class's max_prompt_tokens, and the KV cache for prompt + output. An unset limit means
     "until the context or the KV cache is full" (a small cache must not turn every request without
     max_tokens into a 400); the class's max_output_tokens and the context left cap any limit."""
-    engine = gateway.llm(route.model)
-    cp = gateway.policy.classes[route.class_name]
     field_name, n, limit = req.fields.prompt, len(prompt_ids), engine.max_model_len
     if n == 0:
         raise BadRequest(f"{field_name} is empty: the prompt has no tokens", param=field_name)
@@ -154,8 +153,8 @@ def max_tokens_of(gateway: Gateway, route: Route, prompt_ids: list[int], req: LL
     return out
 
 
-async def constrain(gateway: Gateway, route: Route, prompt_ids: list[int], params: SamplingParams,
-                    sourced: Sourced | None) -> bool:
+async def constrain(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams, sourced: Sourced | None) \
+        -> bool:
     """Compile the answer's grammar on a worker thread (a bad schema is a 400 on the field it came from)
     and put it on ``params``; False when even its shortest answer does not fit the output limit, so the
     request is not started (``Generation``) rather than cut inside call syntax or JSON."""
@@ -165,7 +164,7 @@ async def constrain(gateway: Gateway, route: Route, prompt_ids: list[int], param
     if params.ignore_eos:  # a finished grammar allows only the end: ignoring it leaves no token
         raise BadRequest(f"ignore_eos cannot be combined with {field_name}", param="ignore_eos")
     try:
-        need = await gateway.llm(route.model).compile_constraint(constraint)
+        need = await engine.compile_constraint(constraint)
     except RequestError as exc:
         raise BadRequest(str(exc), param=field_name) from exc
     params.constraint = constraint

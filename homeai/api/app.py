@@ -36,8 +36,8 @@ from homeai.api.policy_watcher import start_policy_watcher
 from homeai.api.responses_routes import ResponsesController
 from homeai.api.services import DEPENDENCIES, Services, app_state, services_of
 from homeai.api.settings import Settings
-from homeai.engine.gateway import Gateway, GatewayConfig
-from homeai.engine.metering import Meter
+from homeai.gateway.gateway import Gateway, GatewayConfig
+from homeai.gateway.metering import Meter
 from homeai.store.db import Store
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from homeai.api.errors import BadRequest, to_api_error
 from homeai.api.serving import RequestContext, check_token_ids, request_context, route_request
 from homeai.api.streaming import until_disconnect
 from homeai.engine.embed_service import EmbedResult
-from homeai.engine.gateway import Gateway, Route
+from homeai.gateway.gateway import Gateway, Route
 
 
 async def admit_embedding(request: Request[Any, Any, Any], gateway: Gateway, model: str | None,

@@ -23,7 +23,7 @@ from homeai.engine.errors import (
     QueueTimeoutError,
     RequestError,
 )
-from homeai.engine.gateway import UnknownModelError
+from homeai.gateway.gateway import UnknownModelError
 from homeai.scheduling.class_queue import QueueFullError
 from homeai.scheduling.class_scheduler import UnknownClassError
 
@@ -40,12 +40,14 @@ class ApiError(Exception):
     status_code = 500
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None, status_code: int | None = None) -> None:
+                 headers: dict[str, str] | None = None, status_code: int | None = None,
+                 errors: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.errors = errors  # several problems at once (a policy's), each with its path and line
         if status_code is not None:
             self.status_code = status_code
 
@@ -60,6 +62,10 @@ class BadRequest(ApiError):
 
 class NotFound(ApiError):
     status_code = 404
+
+
+class Unprocessable(ApiError):
+    status_code = 422
 
 
 class TooManyRequests(ApiError):
@@ -144,7 +150,10 @@ def error_body(err: ApiError, path: str) -> dict[str, Any]:
     """The error in the shape the path's API family uses."""
     if path.startswith("/api/") or path == "/api":
         return {"error": err.message}
-    return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+    body: dict[str, Any] = {"message": err.message, "type": err.type, "param": err.param, "code": err.code}
+    if err.errors is not None:
+        body["errors"] = err.errors
+    return {"error": body}
 
 
 def exception_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

@@ -41,7 +41,7 @@ from homeai.api.jobs_schemas import (
 from homeai.api.services import Injected, Services, started_gateway
 from homeai.api.serving import request_context, route_request
 from homeai.api.settings import Settings
-from homeai.engine.gateway import Gateway
+from homeai.gateway.gateway import Gateway
 from homeai.jobs.manager import JobManager
 from homeai.policy.store import PolicyHolder
 from homeai.store.jobs import JobInfo

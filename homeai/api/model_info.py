@@ -15,7 +15,7 @@ from typing import Any
 
 from homeai.api.errors import BadRequest, NotFound
 from homeai.api.serving import normalize_model
-from homeai.engine.gateway import Gateway
+from homeai.gateway.gateway import Gateway
 from homeai.repository.cache import default_cache_dir, marker_path
 from homeai.repository.entries import ModelEntry
 from homeai.repository.pull import PullError, pull

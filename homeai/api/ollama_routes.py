@@ -36,7 +36,7 @@ from homeai.api.structured import ollama_format_constraint
 from homeai.api.tool_calls import ToolCall, parse_all
 from homeai.api.tools import assistant_calls_message, earlier_calls, parse_tools, tool_result_message
 from homeai.core.types import FinishReason, SamplingParams
-from homeai.engine.gateway import Gateway
+from homeai.gateway.gateway import Gateway
 from homeai.policy.durations import parse_keep_alive
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose endpoints and fields we follow

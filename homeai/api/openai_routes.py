@@ -33,7 +33,7 @@ from homeai.api.openai_schemas import (
 from homeai.api.openai_stream import CHAT_CHUNK, TEXT_COMPLETION, chat_completion, stream_chunks, text_completion
 from homeai.api.services import Injected
 from homeai.api.streaming import sse_stream
-from homeai.engine.gateway import Gateway
+from homeai.gateway.gateway import Gateway
 
 MAX_EMBEDDING_INPUTS = 2048
 

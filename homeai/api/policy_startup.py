@@ -58,7 +58,7 @@ class PolicyRefusal:
 def startup_catalog(settings: Settings) -> Collection[str] | None:
     """The repository and the device's memory as a start checks the policy against them (what is not pulled
     yet passes: ``homeai serve`` pulls the policy's models before it loads them)."""
-    from homeai.engine.footprint import build_catalog
+    from homeai.gateway.footprint import build_catalog
 
     try:
         entries = load_entries()

@@ -31,7 +31,7 @@ from homeai.api.structured import text_format_constraint
 from homeai.api.tool_calls import ParseEvent, ToolCallParser
 from homeai.api.tools import ToolPlan, assistant_calls_message, parse_tools, tool_result_message
 from homeai.core.types import FinishReason, SamplingParams
-from homeai.engine.gateway import Gateway
+from homeai.gateway.gateway import Gateway
 
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}
 

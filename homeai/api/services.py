@@ -29,7 +29,7 @@ from homeai.api.drain import Drain
 from homeai.api.errors import ServiceUnavailable
 from homeai.api.policy_startup import PolicyRefusal
 from homeai.api.settings import Settings
-from homeai.engine.gateway import Gateway
+from homeai.gateway.gateway import Gateway
 from homeai.jobs.manager import JobManager
 from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.store import PolicyHolder

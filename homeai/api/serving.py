@@ -1,6 +1,6 @@
 """What every request shares, whatever its API: who is asking, which class and model serve it (with the
 model on the device), and an LLM request's life in the engine once admitted (``Generation``; metered by
-the gateway itself, like every other submission: see engine/metering.py).
+the gateway itself, like every other submission: see gateway/metering.py).
 
 Class: header X-HomeAI-Class > the API key's default class > a model alias in the policy > the user's
 default class > the endpoint's default (``Gateway.route`` applies the last three). User: the API key's;
@@ -24,8 +24,8 @@ from homeai.api.errors import BadRequest, to_api_error
 from homeai.api.streaming import until_disconnect
 from homeai.core.types import FinishReason, SamplingParams, TokenDelta, TokenLogprob
 from homeai.engine.errors import QueueTimeoutError
-from homeai.engine.gateway import Gateway, Route
-from homeai.engine.metering import outcome_of_delta
+from homeai.gateway.gateway import Gateway, Route
+from homeai.gateway.metering import outcome_of_delta
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate as a running server would: against the model repository (a class's model must be in it and
     pulled) and this device's memory (the models it loads must fit the policy's memory budget)."""
-    from homeai.engine.footprint import build_catalog
+    from homeai.gateway.footprint import build_catalog
     from homeai.repository.cache import default_cache_dir
     from homeai.repository.entries import EntryError, load_entries
 

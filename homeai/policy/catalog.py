@@ -1,6 +1,6 @@
 """What a policy is checked against beyond its own fields: the model repository and the device's memory.
 
-A ``ModelCatalog`` (built where torch and the repository are at hand: ``homeai.engine.footprint``) says
+A ``ModelCatalog`` (built where torch and the repository are at hand: ``homeai.gateway.footprint``) says
 for each model of the repository its kind, whether it is pulled, and how many bytes its weights take as
 this device would serve them. ``catalog_problems`` then refuses, at ``classes.<name>.model``:
 

@@ -22,6 +22,7 @@ from homeai.api import policy_watcher
 from homeai.api.admin_routes import admin_router
 from homeai.api.app import protection
 from homeai.api.drain import Drain
+from homeai.api.errors import exception_handler
 from homeai.api.observability_routes import _stats_events, observability_router
 from homeai.api.policy_apply import running_text
 from homeai.api.policy_watcher import check_policy_file, start_policy_watcher
@@ -69,7 +70,7 @@ def make_app(holder: PolicyHolder, store: Store, settings: Settings | None = Non
     services = Services(settings or Settings(), holder, **{"store": store, "gateway": FakeGateway(),
                                                           "stats_interval_s": 0.01, **fields})
     return Litestar(route_handlers=[admin_router, observability_router], state=app_state(services),
-                    dependencies=DEPENDENCIES)
+                    dependencies=DEPENDENCIES, exception_handlers={Exception: exception_handler})
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from homeai.api.openai_schemas import ChatCompletionRequest, ResponsesRequest
 from homeai.api.responses_routes import input_messages
 from homeai.api.settings import DEFAULT_POLICY, POLICY_FILE_NAME, Settings, default_data_dir
 from homeai.engine.embed_service import QueueTimeoutError
-from homeai.engine.gateway import UnknownModelError
 from homeai.engine.llm_engine import RequestError
+from homeai.gateway.gateway import UnknownModelError
 from homeai.scheduling.class_queue import QueueFullError
 
 

@@ -12,6 +12,7 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from homeai.api.admin_routes import admin_router
+from homeai.api.errors import exception_handler
 from homeai.api.policy_apply import use_catalog
 from homeai.api.policy_startup import PACKAGED_DEFAULT, startup_holder
 from homeai.api.services import DEPENDENCIES, Services, app_state
@@ -41,7 +42,8 @@ def catalog(f32_pulled: bool = True, f32_mb: int = 520, memory_mb: int = 8000,
 
 def app_with(holder: PolicyHolder, store: Store, data_dir: Path) -> Litestar:
     services = Services(Settings(data_dir=data_dir), holder, store=store)
-    return Litestar(route_handlers=[admin_router], state=app_state(services), dependencies=DEPENDENCIES)
+    return Litestar(route_handlers=[admin_router], state=app_state(services), dependencies=DEPENDENCIES,
+                    exception_handlers={Exception: exception_handler})
 
 
 async def test_put_and_validate_refuse_a_model_not_pulled_and_models_that_do_not_fit(store: Store,

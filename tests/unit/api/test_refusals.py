@@ -18,7 +18,7 @@ from homeai.api.serving import HEADER_PRIORITY, check_priority
 from homeai.api.structured import ollama_format_constraint, response_format_constraint, unenforced_keyword
 from homeai.core.block_manager import BlockManager
 from homeai.core.types import SamplingParams
-from homeai.engine.gateway import Route
+from homeai.gateway.gateway import Route
 from homeai.policy.loader import load_policy
 
 DEFAULT_POLICY = Path(__file__).resolve().parents[3] / "policies" / "default.yaml"
@@ -49,16 +49,21 @@ def request(max_tokens: int | None, prompt_field: str = "messages", limit_field:
 
 def test_a_prompt_too_long_names_its_field() -> None:
     gateway, route = fake_gateway(max_model_len=2048, kv_blocks=64), Route("smollm2-135m-instruct", "chat")
-    assert max_tokens_of(gateway, route, list(range(100)), request(100)) == 100
+    engine, cp = gateway.llm(route.model), gateway.policy.classes[route.class_name]
+
+    def limit(prompt: list[int], req: LLMRequest) -> int:
+        return max_tokens_of(engine, cp, route, prompt, req)
+
+    assert limit(list(range(100)), request(100)) == 100
     for n, field in ((2048, "messages"), (3000, "prompt"), (0, "input")):
         with pytest.raises(BadRequest) as refused:
-            max_tokens_of(gateway, route, list(range(n)), request(16, field))
+            limit(list(range(n)), request(16, field))
         assert refused.value.param == field
     with pytest.raises(BadRequest) as refused:  # the KV cache (64 x 16 tokens) holds the prompt, not the answer
-        max_tokens_of(gateway, route, list(range(1000)), request(1000, "messages", "max_completion_tokens"))
+        limit(list(range(1000)), request(1000, "messages", "max_completion_tokens"))
     assert refused.value.param == "max_completion_tokens"
     # unset: as much as the context and the KV cache leave (never a 400 for a small cache)
-    assert max_tokens_of(gateway, route, list(range(1000)), request(None)) == 64 * 16 - 1000
+    assert limit(list(range(1000)), request(None)) == 64 * 16 - 1000
 
 
 def json_schema(schema: Any) -> ResponseFormat:

@@ -14,7 +14,7 @@ from litestar.testing import AsyncTestClient
 from homeai.api.errors import exception_handler
 from homeai.api.services import DEPENDENCIES, Injected, Services, app_state, services_of
 from homeai.api.settings import DEFAULT_POLICY, Settings
-from homeai.engine.gateway import Gateway
+from homeai.gateway.gateway import Gateway
 from homeai.jobs.manager import JobManager
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder

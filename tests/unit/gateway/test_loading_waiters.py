@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from homeai.engine.errors import QueueTimeoutError
-from homeai.engine.gateway import LOAD_RETRY_AFTER_S, Gateway
+from homeai.gateway.gateway import LOAD_RETRY_AFTER_S, Gateway
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
 from homeai.scheduling.class_queue import QueueFullError

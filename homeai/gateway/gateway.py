@@ -1,4 +1,4 @@
-"""The serving core as the API sees it: models from the repository, the policy, one device loop.
+"""The gateway as the API and the jobs see it: models from the repository, the policy, one device loop.
 
 ``Gateway.start`` loads the policy's models (each LLM with its own KV cache and class scheduler, the
 encoders through the embedding service), wires them to one batcher (the LLMs as one ``ModelSet``, whose
@@ -24,10 +24,10 @@ from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_id
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
 from homeai.engine.errors import ModelCapacityError, QueueTimeoutError, RequestError
-from homeai.engine.footprint import build_catalog, engine_bytes, free_engine
 from homeai.engine.llm_engine import LLMEngine
-from homeai.engine.metering import Meter, Submission
-from homeai.engine.model_pool import ModelPool
+from homeai.gateway.footprint import build_catalog, engine_bytes, free_engine
+from homeai.gateway.metering import Meter, Submission
+from homeai.gateway.model_pool import ModelPool
 from homeai.policy.catalog import ModelCatalog
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
@@ -299,9 +299,6 @@ class Gateway:
     def chat_prompt(self, model: str, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None = None) -> list[int]:
         return chat_prompt_ids(self.llm(model).tokenizer, messages, tools)
-
-    def encode(self, model: str, text: str) -> list[int]:
-        return list(self.llm(model).tokenizer.encode(text, add_special_tokens=False))
 
     def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,
                  request_id: str | None = None, priority_level: int | None = None,

@@ -14,7 +14,7 @@ import yaml
 from waiting import wait_until
 
 from homeai.engine.errors import ModelCapacityError, ModelLoadError
-from homeai.engine.model_pool import UNLOAD_GRACE_S, ModelPool
+from homeai.gateway.model_pool import UNLOAD_GRACE_S, ModelPool
 from homeai.policy.loader import parse_policy
 from homeai.policy.schema import Policy
 

@@ -14,7 +14,7 @@ import pytest
 
 from homeai.core.types import FinishReason, TokenDelta
 from homeai.engine.embed_service import QueueTimeoutError
-from homeai.engine.metering import Meter, Submission
+from homeai.gateway.metering import Meter, Submission
 from homeai.metrics.recorder import FinishedRequest, MetricsRecorder
 from homeai.scheduling.class_queue import QueueFullError
 
