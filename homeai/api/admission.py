@@ -20,7 +20,8 @@ from typing import Any, Literal
 from litestar import Request
 
 from homeai.api.errors import BadRequest
-from homeai.api.serving import Generation, check_token_ids, request_context, resident, route_request
+from homeai.api.generation import Generation
+from homeai.api.routing import check_token_ids, request_context, resident, route_request
 from homeai.api.structured import Sourced
 from homeai.api.tools import AnswerShape, ToolPlan, ToolSpec, answer_shape, with_tools_prompt
 from homeai.core.types import SamplingParams

@@ -16,7 +16,7 @@ from typing import Any
 from litestar import Request
 
 from homeai.api.errors import BadRequest, to_api_error
-from homeai.api.serving import RequestContext, check_token_ids, request_context, route_request
+from homeai.api.routing import RequestContext, check_token_ids, request_context, route_request
 from homeai.api.streaming import until_disconnect
 from homeai.engine.embed_service import EmbedResult
 from homeai.gateway.gateway import Gateway, Route

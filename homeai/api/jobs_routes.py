@@ -38,8 +38,8 @@ from homeai.api.jobs_schemas import (
     check_search,
     job_spec,
 )
+from homeai.api.routing import request_context, route_request
 from homeai.api.services import Injected, Services, started_gateway
-from homeai.api.serving import request_context, route_request
 from homeai.api.settings import Settings
 from homeai.gateway.gateway import Gateway
 from homeai.jobs.manager import JobManager

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from homeai.api.errors import BadRequest, NotFound
-from homeai.api.serving import normalize_model
+from homeai.api.routing import normalize_model
 from homeai.gateway.gateway import Gateway
 from homeai.repository.cache import default_cache_dir, marker_path
 from homeai.repository.entries import ModelEntry

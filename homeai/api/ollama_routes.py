@@ -17,9 +17,9 @@ from typing import Any, Literal
 from litestar import Controller, Request, Response, get, head, post
 
 from homeai.api.admission import LLMRequest, PromptFields, admit
-from homeai.api.answer_stream import AnswerReader
 from homeai.api.embedding_admission import admit_embedding
 from homeai.api.errors import ApiError, BadRequest
+from homeai.api.generation import AnswerReader, Generation
 from homeai.api.model_info import model_details, model_ps, model_show, model_tags, pull_lines
 from homeai.api.ollama_schemas import (
     ChatRequest,
@@ -29,8 +29,8 @@ from homeai.api.ollama_schemas import (
     ModelRequest,
     Options,
 )
+from homeai.api.routing import request_context, resident, route_request
 from homeai.api.services import Injected
-from homeai.api.serving import Generation, request_context, resident, route_request
 from homeai.api.streaming import ndjson_line, ndjson_stream
 from homeai.api.structured import ollama_format_constraint
 from homeai.api.tool_calls import ToolCall, parse_all

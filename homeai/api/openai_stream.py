@@ -1,7 +1,7 @@
 """The OpenAI encoders: an admitted chat or text completion's answer as OpenAI's SSE chunks
 (``chat.completion.chunk`` / ``text_completion`` objects, an optional final usage chunk, ``data: [DONE]``)
 or as one response body. Tool calls stream as OpenAI streams them (index, id and name, then the arguments),
-each once it is complete (``answer_stream``)."""
+each once it is complete (``generation.AnswerReader``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from contextlib import aclosing
 from typing import Any
 
 from homeai.api.admission import Admission
-from homeai.api.answer_stream import AnswerReader
+from homeai.api.generation import AnswerReader, Generation
 from homeai.api.logprobs import chat_logprobs, completion_logprobs
 from homeai.api.openai_schemas import (
     AssistantMessage,
@@ -21,7 +21,6 @@ from homeai.api.openai_schemas import (
     CompletionChoice,
     Usage,
 )
-from homeai.api.serving import Generation
 from homeai.api.streaming import SSE_DONE, sse_data
 from homeai.api.tool_calls import ParseEvent, ToolCall, parse_all
 from homeai.core.types import FinishReason, TokenLogprob

@@ -19,7 +19,7 @@ Event = tuple[str, dict[str, Any]]
 
 
 class OutputItems:
-    """Feed the answer's parse events as they come (``answer_stream``); collect the events to send and the
+    """Feed the answer's parse events as they come (``generation.AnswerReader``); collect the events to send and the
     final output items."""
 
     def __init__(self, request_id: str) -> None:

@@ -20,12 +20,11 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from homeai.api.admission import Admission, LLMRequest, PromptFields, admit
-from homeai.api.answer_stream import AnswerReader
 from homeai.api.errors import BadRequest
+from homeai.api.generation import AnswerReader, Generation
 from homeai.api.openai_schemas import ResponsesRequest
 from homeai.api.responses_output import OutputItems
 from homeai.api.services import Injected
-from homeai.api.serving import Generation
 from homeai.api.streaming import sse_data, sse_stream
 from homeai.api.structured import text_format_constraint
 from homeai.api.tool_calls import ParseEvent, ToolCallParser

@@ -12,7 +12,7 @@ its JSON Schema, and the grammar ends after it (``parallel_tool_calls`` or not: 
 be cut by the budget); with "auto" the model may write text, and a call it starts is held to the same
 grammar (several with ``parallel_tool_calls``). "none" hides the tools from the model. The sampler
 closes a call in time before ``max_tokens`` (``homeai.runtime.grammar``), and a forced call whose
-shortest form does not fit is not started (``homeai.api.serving.Generation``).
+shortest form does not fit is not started (``homeai.api.routing.Generation``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 from homeai.api.admission import LLMRequest, PromptFields, max_tokens_of
 from homeai.api.errors import BadRequest
 from homeai.api.openai_schemas import ResponseFormat
-from homeai.api.serving import HEADER_PRIORITY, check_priority
+from homeai.api.routing import HEADER_PRIORITY, check_priority
 from homeai.api.structured import ollama_format_constraint, response_format_constraint, unenforced_keyword
 from homeai.core.block_manager import BlockManager
 from homeai.core.types import SamplingParams
