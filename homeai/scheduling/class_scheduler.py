@@ -56,6 +56,7 @@ from homeai.scheduling.step_budget import (
     step_token_budget,
 )
 from homeai.scheduling.step_guard import MarginClass, PeerBounds, StepGuard
+from homeai.scheduling.step_trace import StepTrace
 
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 NO_RANK = 10 * BACKGROUND_RANK  # after every class
@@ -99,6 +100,7 @@ class ClassScheduler(StepScheduler):
         self._num_steps = 0
         self.last_step_s: float | None = None  # the last planned step's predicted length
         self._last_step_end_s: float | None = None  # when the last step's results came back
+        self._trace = StepTrace.from_env()  # HOMEAI_STEP_TRACE: a line per step, predicted and measured
         self._last_own_s: dict[int, float] = {}  # rank -> last step's predicted length with work of ranks <= it
         self._budget = policy.scheduler.max_num_batched_tokens
         self.shares = ShareGuard()  # min_share: credit, share-holding sequences, tokens taken on shares
@@ -756,6 +758,11 @@ class ClassScheduler(StepScheduler):
             now = self.clock.now()
             if self._in_flight is not None:
                 start_s, num_tokens, rows, ctx = self._in_flight
+                if self._trace is not None:
+                    gap = start_s - self._last_step_end_s if self._last_step_end_s is not None else 0.0
+                    self._trace.record(now, gap, self.step_cost.predict_s(num_tokens, rows, ctx), now - start_s,
+                                       rows, num_tokens, ctx, plan,
+                                       {c.seq_id: s.class_name for c in plan.chunks if (s := self.seqs.get(c.seq_id))})
                 self.step_cost.observe(num_tokens, now - start_s, rows, ctx)
                 self._in_flight = None
             self._last_step_end_s = now
