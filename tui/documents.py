@@ -84,7 +84,7 @@ class CompiledDecode(msgspec.Struct):
 
 
 class DeviceStats(msgspec.Struct):
-    """One served LLM's device figures (homeai/engine/gateway.py _build_snapshot, plus steps_per_s)."""
+    """One served LLM's device figures (homeai/gateway/gateway.py _build_snapshot, plus steps_per_s)."""
 
     kv_usage: float = 0.0
     kv_blocks: int = 0
@@ -99,7 +99,7 @@ class DeviceStats(msgspec.Struct):
 
 
 class ModelResidency(msgspec.Struct):
-    """One LLM the policy names, loaded or not (homeai/engine/model_pool.py ``ModelPool.snapshot``)."""
+    """One LLM the policy names, loaded or not (homeai/gateway/model_pool.py ``ModelPool.snapshot``)."""
 
     state: str = "loaded"  # unloaded | loading | loaded | unloading
     loaded: bool = True

@@ -13,14 +13,11 @@ import argparse
 import logging
 import math
 import os
-import sys
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from homeai.api.settings import DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
-
-SWITCH_INTERVAL_ENV = "HOMEAI_SWITCH_INTERVAL_S"  # how long a Python thread may hold the GIL while another waits
 
 
 def add_serve_command(subparsers: Any) -> None:
@@ -57,8 +54,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from homeai.policy.loader import PolicyError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if (switch_s := os.environ.get(SWITCH_INTERVAL_ENV)) is not None:
-        sys.setswitchinterval(float(switch_s))
     settings = Settings(host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(),
                         policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device)
     if args.drain_timeout is not None:

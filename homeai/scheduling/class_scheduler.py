@@ -53,6 +53,7 @@ from homeai.scheduling.step_budget import (
     MIN_STEP_TOKENS,
     ClassTargets,
     StepCostModel,
+    step_time_limit,
     step_token_budget,
 )
 from homeai.scheduling.step_guard import MarginClass, PeerBounds, StepGuard
@@ -103,6 +104,7 @@ class ClassScheduler(StepScheduler):
         self._trace = StepTrace.from_env()  # HOMEAI_STEP_TRACE: a line per step, predicted and measured
         self._last_own_s: dict[int, float] = {}  # rank -> last step's predicted length with work of ranks <= it
         self._budget = policy.scheduler.max_num_batched_tokens
+        self._limit_s: float | None = None  # this step's time bound by the interactive targets (None: none)
         self.shares = ShareGuard()  # min_share: credit, share-holding sequences, tokens taken on shares
         if block_manager is not None:
             self.block_manager = block_manager
@@ -401,7 +403,8 @@ class ClassScheduler(StepScheduler):
                 self._serve_class(plan, state, now, limit=None, for_share=False, leave=leave)
             self._reserved_slots = 0
             for state in owed:  # 3. background classes owed their min_share (its rate passes the margins)
-                rate = min(self.shares.credit(state), int(state.policy.min_share * self._budget))
+                rate = min(self.shares.credit(state), int(state.policy.min_share * self._budget),
+                           self._share_of_step(state))
                 self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True, rate=rate)
             blunt = self._blunt_background_limit()
             for state in by_rank:  # 4. what is left, by class importance
@@ -412,6 +415,16 @@ class ClassScheduler(StepScheduler):
             self.shares.charge(self.classes.values(), plan, self.seqs)
             self._finish_plan(plan, now)
             return plan
+
+    def _share_of_step(self, state: LLMClassState) -> int:
+        """The tokens a min_share pass may add beyond the latency margins: min_share of the step's time
+        bound (``step_time_limit``) in the class's prompt tokens, at least one. A share of the token
+        budget instead is a share of decode rows: on a CPU a prompt token costs many times a row, and 5 %
+        of a 2,048-token budget taken as a summary's prompt chunk tripled voice's steps."""
+        per = self.step_cost.prompt_token_s + self.step_cost.per_ctx_s  # type: ignore[operator]
+        if self._limit_s is None or per <= 0:
+            return self.max_num_batched_tokens
+        return max(1, int(min(state.policy.min_share, 1.0) * self._limit_s / per))
 
     def _finish_plan(self, plan: StepPlan, now: float) -> None:
         """What the next step and the batcher learn from this plan: when each sequence last ran, the
@@ -496,6 +509,7 @@ class ClassScheduler(StepScheduler):
         targets = self._targets(self._interactive_now)
         if self.peer_targets is not None:
             targets += self.peer_targets()
+        self._limit_s = step_time_limit(targets)
         return step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
 
     def interactive_targets(self, now: float) -> list[ClassTargets]:

@@ -177,8 +177,8 @@ class ClassTargets:
     active: bool  # running, waiting, or seen lately
 
 
-def step_token_budget(cost: StepCostModel, max_tokens: int, classes: list[ClassTargets]) -> int:
-    """The token budget of the next step (see the module docstring); at least MIN_STEP_TOKENS."""
+def step_time_limit(classes: list[ClassTargets]) -> float | None:
+    """The longest the next step may last by the interactive classes' targets (None: no bound)."""
     limits_s: list[float] = []
     active = any(c.active for c in classes)
     for c in classes:
@@ -186,10 +186,16 @@ def step_token_budget(cost: StepCostModel, max_tokens: int, classes: list[ClassT
             limits_s.append(ITL_STEP_FRACTION * c.itl_s)
         if c.ttft_s:
             limits_s.append((TTFT_STEP_FRACTION if active else QUIET_TTFT_STEP_FRACTION) * c.ttft_s)
-    if not limits_s:
+    return min(limits_s) if limits_s else None
+
+
+def step_token_budget(cost: StepCostModel, max_tokens: int, classes: list[ClassTargets]) -> int:
+    """The token budget of the next step (see the module docstring); at least MIN_STEP_TOKENS."""
+    limit_s = step_time_limit(classes)
+    if limit_s is None:
         return max_tokens
     # Where the targets leave a step less token work than its fixed cost (a slow or busy CPU, on which no
     # step meets them anyway), cutting further only multiplies fixed costs: the device saturates and
     # every wait, voice's included, grows. A step keeps at least as much token work as its fixed cost.
     floor = max(MIN_STEP_TOKENS, cost.tokens_within(2 * cost.base_s))
-    return min(max_tokens, max(floor, cost.tokens_within(min(limits_s))))
+    return min(max_tokens, max(floor, cost.tokens_within(limit_s)))
