@@ -160,8 +160,11 @@ async def response_events(admitted: Admission, reply: _Reply) -> AsyncGenerator[
 async def response_body(admitted: Admission, reply: _Reply) -> dict[str, Any]:
     """The whole response at once (not streamed)."""
     text, reason = await admitted.generation.collect()
-    parser = ToolCallParser() if admitted.reads_calls else None
-    events = parser.feed(text) + parser.finish() if parser is not None else [ParseEvent(text=text)] if text else []
+    if admitted.reads_calls:
+        parser = ToolCallParser()
+        events = parser.feed(text) + parser.finish()
+    else:
+        events = [ParseEvent(text=text)] if text else []
     items = OutputItems(reply.gen.request_id)
     items.feed(events, True)
     return reply.body(items.output(reason), reason)

@@ -62,24 +62,25 @@ def schema_constraint(schema: Any, field: str) -> Sourced:
 
 def response_format_constraint(fmt: ResponseFormat | None, field: str = "response_format") -> Sourced | None:
     """OpenAI chat ``response_format``: text (no constraint), json_object, or json_schema (always strict)."""
-    if fmt is None or fmt.type == "text":
+    if fmt is None:
         return None
-    if fmt.type == "json_object":
-        return JSON_OBJECT, field
-    if fmt.json_schema is None:
-        raise BadRequest("json_schema needs a 'schema'", param=f"{field}.json_schema.schema")
-    return schema_constraint(fmt.json_schema.schema, f"{field}.json_schema.schema")
+    schema = fmt.json_schema.schema if fmt.json_schema is not None else None
+    return _typed_format(fmt.type, schema, field, f"{field}.json_schema.schema")
 
 
 def text_format_constraint(fmt: TextFormat | None, field: str = "text.format") -> Sourced | None:
     """Responses API ``text.format``: like ``response_format`` with the schema beside the type."""
-    if fmt is None or fmt.type == "text":
+    return None if fmt is None else _typed_format(fmt.type, fmt.schema, field, f"{field}.schema")
+
+
+def _typed_format(kind: str, schema: Any, field: str, schema_field: str) -> Sourced | None:
+    if kind == "text":
         return None
-    if fmt.type == "json_object":
+    if kind == "json_object":
         return JSON_OBJECT, field
-    if fmt.schema is None:
-        raise BadRequest("json_schema needs a 'schema'", param=f"{field}.schema")
-    return schema_constraint(fmt.schema, f"{field}.schema")
+    if schema is None:
+        raise BadRequest("json_schema needs a 'schema'", param=schema_field)
+    return schema_constraint(schema, schema_field)
 
 
 def ollama_format_constraint(fmt: Any, field: str = "format") -> Sourced | None:

@@ -373,7 +373,9 @@ class ClassScheduler(StepScheduler):
             if any(s.num_running or len(s.queue) for s in self.classes.values() if not s.policy.background):
                 self.last_interactive_s = now
             self._interactive_now = self.interactive_active(now)
-            self._budget = self.step_token_budget()
+            targets = self._step_targets()
+            self._limit_s = step_time_limit(targets)
+            self._budget = step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
             self.shares.start_step()
             plan = StepPlan()
             self._blocked_rank = NO_RANK
@@ -506,11 +508,13 @@ class ClassScheduler(StepScheduler):
     def step_token_budget(self) -> int:
         """This step's token budget, sized by the interactive classes' latency targets on this device's
         fitted step cost (see ``step_budget``); the configured maximum when no class has targets."""
+        return step_token_budget(self.step_cost, self.max_num_batched_tokens, self._step_targets())
+
+    def _step_targets(self) -> list[ClassTargets]:
         targets = self._targets(self._interactive_now)
         if self.peer_targets is not None:
             targets += self.peer_targets()
-        self._limit_s = step_time_limit(targets)
-        return step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
+        return targets
 
     def interactive_targets(self, now: float) -> list[ClassTargets]:
         with self.lock:
