@@ -148,6 +148,31 @@ class PolicyStatus(msgspec.Struct):
     errors: list[PolicyErrorItem] = msgspec.field(default_factory=list)
 
 
+class NodeStats(msgspec.Struct):
+    """One machine's replica in a cluster (issue 23, homeai/cluster): what it serves, its load and outcomes.
+    ``since_s`` is the server's wall-clock time of the last state change (ready, loading, left)."""
+
+    name: str = ""
+    node_id: str = ""
+    address: str = ""
+    device: str = ""
+    models: list[str] = msgspec.field(default_factory=list)
+    state: str = "ready"  # ready | loading | left
+    replica: str = ""
+    running: dict[str, int] = msgspec.field(default_factory=dict)  # class -> running sequences
+    queued: dict[str, int] = msgspec.field(default_factory=dict)  # class -> waiting
+    free_kv_tokens: int = 0
+    served: int = 0
+    failed: int = 0
+    since_s: float | None = None
+
+
+class ClusterStats(msgspec.Struct):
+    """The nodes behind the front door; its own device is the node named "local"."""
+
+    nodes: list[NodeStats] = msgspec.field(default_factory=list)
+
+
 class StatsDoc(msgspec.Struct):
     """One /v1/stats document (also each ``stats`` event of /v1/stats/stream)."""
 
@@ -161,6 +186,7 @@ class StatsDoc(msgspec.Struct):
     models: dict[str, ModelResidency] = msgspec.field(default_factory=dict)  # absent from older servers
     recent: list[RecentRequest] = msgspec.field(default_factory=list)  # most recent first
     policy: PolicyStatus = msgspec.field(default_factory=PolicyStatus)
+    cluster: ClusterStats | None = None  # only while the server runs a cluster (homeai serve --cluster)
 
 
 # ---- /v1/jobs (homeai/api/jobs_schemas.py JobView, JobProgress, JobList) ------------------------------

@@ -2,12 +2,13 @@
 
 Sections top to bottom: classes (queue, running, TTFT/ITL p50/p99 coloured against the class targets,
 prefix-cache hit rate in tokens/requests, rejections), live TTFT charts for the two interactive classes,
-people (tokens/s with a sparkline and the fairness counter), the device (KV bar, steps/s, batch). Fits
-80x24; scrolls when there is more.
+people (tokens/s with a sparkline and the fairness counter), the device (KV bar, steps/s, batch), and,
+only while the server runs a cluster, its nodes (tui/nodes.py). Fits 80x24; scrolls when there is more.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.text import Text
@@ -19,6 +20,7 @@ from tui.documents import ClassStats, DeviceStats, ModelResidency, UserStats
 from tui.format import BAD, DIM, bar, fmt_ms, fmt_rate, pair, spark
 from tui.history import StatsHistory
 from tui.monitor import StatsScreen, monitor_of
+from tui.nodes import NodesTable
 from tui.widgets import LatencyChart, StatusLine
 
 CLASS_COLUMNS = (("class", "class"), ("queue", "queued"), ("run", "running"), ("TTFT p50/99", "ttft"),
@@ -172,6 +174,7 @@ class DashboardScreen(StatsScreen):
             device = Static(id="device", classes="section")
             device.border_title = "Device"
             yield device
+            yield NodesTable(id="nodes", classes="section")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -195,6 +198,7 @@ class DashboardScreen(StatsScreen):
         lines = [with_residency(device_line(m, d), doc.models.get(m)) for m, d in sorted(doc.device.items())]
         lines += [residency_line(m, r) for m, r in sorted(doc.models.items()) if m not in doc.device]
         self.query_one("#device", Static).update(Text("\n").join(lines) if lines else Text("no device", DIM))
+        self.query_one("#nodes", NodesTable).show(doc.cluster, doc.time or time.time())
 
     def _show_classes(self, classes: dict[str, ClassStats]) -> None:
         table = self.query_one("#classes", DataTable)
