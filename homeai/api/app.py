@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -72,8 +72,17 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
     settings = services.settings
     config = GatewayConfig(cache_dir=settings.cache_dir, device=settings.device, kv_cache_mb=settings.kv_cache_mb,
                            compile_decode=settings.compile_decode)
-    gateway = Gateway(services.policy_holder, config, meter=Meter(services.metrics))  # meters every submission
     loop = asyncio.get_running_loop()
+    stop_cluster: Callable[[], None] | None = None
+    gateway: Gateway
+    if settings.cluster:  # only then is Ray imported
+        from homeai.cluster.front_door import cluster_gateway
+
+        gateway, stop_cluster = await loop.run_in_executor(
+            None, cluster_gateway, settings.cluster, settings.data_dir, services.policy_holder, config,
+            Meter(services.metrics))
+    else:
+        gateway = Gateway(services.policy_holder, config, meter=Meter(services.metrics))  # meters every submission
     await loop.run_in_executor(None, gateway.start)
     services.gateway = gateway
     use_catalog(services.policy_holder, gateway.catalog)  # new policies: against what is pulled and fits
@@ -83,6 +92,8 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
     finally:
         services.gateway = None
         await loop.run_in_executor(None, gateway.shutdown)
+        if stop_cluster is not None:
+            await loop.run_in_executor(None, stop_cluster)
 
 
 @asynccontextmanager

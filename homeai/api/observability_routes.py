@@ -58,7 +58,10 @@ def policy_status(services: Services) -> dict[str, Any]:
 
 
 def stats_document(services: Services) -> dict[str, Any]:
-    doc = build_stats(services.metrics, _snapshot(services), services.policy_holder.current)
+    snap = _snapshot(services)
+    doc = build_stats(services.metrics, snap, services.policy_holder.current)
+    if snap is not None and "cluster" in snap:  # the nodes of ``homeai serve --cluster``
+        doc["cluster"] = snap["cluster"]
     doc["policy"] = policy_status(services)  # the TUI shows a refused policy file from here
     # beside the models' memory budget and what they hold of it (the gateway's residency)
     doc["memory"] = {**doc.get("memory", {}), "rss_mb": process_rss_mb(),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 DATA_DIR_ENV = "HOMEAI_DATA_DIR"
 DATABASE_URL_ENV = "HOMEAI_DATABASE_URL"
+CLUSTER_ENV = "HOMEAI_CLUSTER"
 JOB_ROOTS_ENV = "HOMEAI_JOB_ROOTS"
 ALLOWED_HOSTS_ENV = "HOMEAI_ALLOWED_HOSTS"
 ORIGINS_ENV = "HOMEAI_ORIGINS"
@@ -90,6 +91,9 @@ class Settings:
     # else auto: wherever torch.compile works, see homeai/runtime/decode_graph.py)
     compile_decode: str | None = None
     cache_dir: Path | None = None  # None: HOMEAI_CACHE_DIR or ~/.cache/homeai
+    # HOST[:PORT]: also run a Ray head bound there, and serve LLM requests on the nodes that join it
+    # (homeai/cluster/); None: one device, and Ray is never imported
+    cluster: str | None = field(default_factory=lambda: os.environ.get(CLUSTER_ENV) or None)
     # None: SQLite in the data dir; else any SQLAlchemy async URL (postgresql+asyncpg://user:pw@host/db)
     database_url: str | None = field(default_factory=lambda: os.environ.get(DATABASE_URL_ENV) or None)
     # folders an index job may read (HOMEAI_JOB_ROOTS; default the home folder); empty: none, ("/",): any

@@ -6,6 +6,7 @@ import argparse
 
 from homeai.cli.bench_cmds import add_bench_commands
 from homeai.cli.chat_cmd import add_chat_command
+from homeai.cli.cluster_cmds import add_cluster_commands
 from homeai.cli.jobs_cmds import add_jobs_commands
 from homeai.cli.keys_cmds import add_keys_commands
 from homeai.cli.policy_cmds import add_policy_commands
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     add_jobs_commands(subparsers)
     add_bench_commands(subparsers)
     add_tui_command(subparsers)
+    add_cluster_commands(subparsers)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -41,6 +41,10 @@ def add_serve_command(subparsers: Any) -> None:
     parser.add_argument("--compile-decode", choices=["auto", "on", "off"], default=None,
                         help="compile decode steps with torch.compile, in the background at start "
                              "(env HOMEAI_COMPILE_DECODE; default auto: wherever torch.compile works here)")
+    parser.add_argument("--cluster", default=None, metavar="HOST[:PORT]",
+                        help="also run a Ray head bound to HOST (port default 6380) and serve LLM requests on the "
+                             "nodes that join it with `homeai node join` (env HOMEAI_CLUSTER; needs the cluster "
+                             "extra: pip install 'homeai[cluster]')")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=cmd_serve)
 
@@ -60,6 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.drain_timeout_s = args.drain_timeout
     if args.compile_decode is not None:
         settings.compile_decode = args.compile_decode
+    if args.cluster is not None:
+        settings.cluster = args.cluster
     try:
         app = create_app(settings)
     except PolicyError as exc:

@@ -92,6 +92,7 @@ class SnapshotCollector(Collector):
             batch_seqs.add_metric([model], float(d.get("last_batch_seqs", 0)))
         yield from (kv, steps, preempt, batch_tokens, batch_seqs)
         yield from _residency_families(snap)
+        yield from _node_families(snap)
         errors = CounterMetricFamily("homeai_engine_errors", "Failed LLM steps, embedding batches and loop "
                                      "iterations, by source (model, embedding, loop), part and exception type",
                                      labels=["source", "part", "cause"])
@@ -102,6 +103,35 @@ class SnapshotCollector(Collector):
         yield GaugeMetricFamily("homeai_engine_failing", "1 while the engine keeps failing (readiness is down)",
                                 value=1.0 if health.get("failing") else 0.0)
         yield from prefix_families(snap)
+
+
+def _node_families(snap: dict[str, Any]) -> Iterator[Metric]:
+    """A cluster's nodes (``homeai serve --cluster``), labelled by node and device: up or gone, their load,
+    and the requests each served or failed. Nothing without a cluster."""
+    nodes = (snap.get("cluster") or {}).get("nodes")
+    if nodes is None:
+        return
+    labels = ["node", "device"]
+    up = GaugeMetricFamily("homeai_node_up", "1 while the node's replica serves, 0 loading or left", labels=labels)
+    running = GaugeMetricFamily("homeai_node_running", "Running requests on the node by class",
+                                labels=[*labels, "class_name"])
+    queued = GaugeMetricFamily("homeai_node_queued", "Queued requests on the node by class",
+                               labels=[*labels, "class_name"])
+    free_kv = GaugeMetricFamily("homeai_node_free_kv_tokens", "Tokens the node's KV cache can still take",
+                                labels=labels)
+    requests = CounterMetricFamily("homeai_node_requests", "LLM requests the front door placed there, by outcome",
+                                   labels=[*labels, "outcome"])
+    for n in nodes:
+        node = [str(n["name"]), str(n["device"])]
+        up.add_metric(node, 1.0 if n["state"] == "ready" else 0.0)
+        for cls, count in n["running"].items():
+            running.add_metric([*node, cls], float(count))
+        for cls, count in n["queued"].items():
+            queued.add_metric([*node, cls], float(count))
+        free_kv.add_metric(node, float(n["free_kv_tokens"]))
+        requests.add_metric([*node, "served"], float(n["served"]))
+        requests.add_metric([*node, "failed"], float(n["failed"]))
+    yield from (up, running, queued, free_kv, requests)
 
 
 def _residency_families(snap: dict[str, Any]) -> Iterator[Metric]:

@@ -1,0 +1,225 @@
+"""The front door of a cluster: the single-box gateway (its own device is the replica named ``local``) plus
+the replicas on Ray nodes, with every LLM request placed by the router.
+
+Everything but the steps stays here: HTTP, auth, policies, admission (prompts are built and checked by
+the local engine's tokenizer), metering, the store, jobs, embeddings. ``generate`` places a request
+(``Router.place``), streams its deltas from the chosen replica, and handles a replica that fails:
+
+- before the first token (a refusal of a full queue, a dead actor, a node that left): the request is
+  placed again on another replica; only when none is left does the client see the refusal (429/503);
+- after it: the stream ends with an error delta that names the node, in the client's API format.
+
+So every request ends finished, rejected, timed out or failed with a reason, never lost. A class's
+``max_queue_size`` holds across the cluster: the requests the replicas last published as queued in the
+class, summed, are held to it here before a replica's own queue is asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from homeai.cluster.membership import Membership
+from homeai.cluster.replica import Refusal, ReplicaRequest, gateway_load
+from homeai.cluster.router import NoReplicaError, ReplicaLoad, Router, prompt_prefix
+from homeai.core.types import SamplingParams, TokenDelta
+from homeai.engine.errors import QueueTimeoutError, RequestError
+from homeai.gateway.gateway import Gateway, Route
+from homeai.gateway.metering import Submission
+from homeai.policy.schema import Policy
+from homeai.scheduling.class_queue import QueueFullError
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local"
+FULL_RETRY_AFTER_S = 1.0
+
+
+class ReplicaLostError(RuntimeError):
+    """The replica's actor died or its node left while it held the request."""
+
+
+@dataclass
+class ClusterGateway(Gateway):
+    """A Gateway whose LLM requests may run on any replica of the cluster it connected to."""
+
+    cluster_address: str = ""
+    serve_locally: bool = True  # the front door's own device is a replica too
+    router: Router = field(default_factory=Router)
+    membership: Membership | None = None
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (replica, served|failed) -> requests
+
+    def start(self) -> None:
+        super().start()
+        if not ray.is_initialized():
+            ray.init(address=self.cluster_address or "auto", namespace="homeai", log_to_driver=False)
+        self._interactive_from(self.policy)
+        self.policy_holder.subscribe(lambda p, _v: self._interactive_from(p))
+        self.membership = Membership(self.policy_holder, self.config, self.router.forget)
+        self.membership.start()
+
+    def shutdown(self) -> None:
+        if self.membership is not None:
+            self.membership.stop()
+            self.membership = None
+        super().shutdown()
+
+    def _interactive_from(self, policy: Policy) -> None:
+        self.router.set_interactive(n for n, cp in policy.classes.items() if cp.kind == "llm" and not cp.background)
+
+    # ---- placing ---------------------------------------------------------------------------------
+    def replica_loads(self) -> list[ReplicaLoad]:
+        loads = list(self.membership.loads()) if self.membership is not None else []
+        if self.serve_locally and self.llms:
+            local = gateway_load(self)
+            loads.append(ReplicaLoad(LOCAL, node=LOCAL, device=local["device"], models=tuple(local["models"]),
+                                     base_s=local["base_s"], row_s=local["row_s"],
+                                     prompt_token_s=local["prompt_token_s"], free_kv_tokens=local["free_kv_tokens"],
+                                     block_size=local["block_size"], queued=local["queued"],
+                                     running=local["running"]))
+        return loads
+
+    def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,
+                 request_id: str | None = None, priority_level: int | None = None,
+                 timeout_us: int | None = None, kind: str = "completion") -> AsyncGenerator[TokenDelta, None]:
+        cp = self.policy.classes[route.class_name]
+        if cp.max_prompt_tokens and len(prompt_ids) > cp.max_prompt_tokens:
+            raise RequestError(f"prompt has {len(prompt_ids)} tokens; class {route.class_name!r} allows "
+                               f"{cp.max_prompt_tokens}")
+        if cp.max_output_tokens:
+            params.max_tokens = min(params.max_tokens, cp.max_output_tokens)
+        request_id = request_id or uuid.uuid4().hex
+        req = ReplicaRequest(request_id, route.model, route.class_name, prompt_ids, params, user, priority_level,
+                             timeout_us, kind)
+        sub = Submission(request_id, kind, route.class_name, user, route.model, len(prompt_ids))
+        return self.meter.stream(sub, self._placed(req))
+
+    def _check_global_queue(self, req: ReplicaRequest, loads: list[ReplicaLoad]) -> None:
+        cp = self.policy.classes[req.class_name]
+        limit = cp.queue_policy(req.priority_level or cp.default_priority_level).max_queue_size
+        queued = sum(r.queued.get(req.class_name, 0) for r in loads)
+        if limit and queued >= limit:
+            raise QueueFullError(FULL_RETRY_AFTER_S, req.class_name, req.priority_level or cp.default_priority_level)
+
+    async def _placed(self, req: ReplicaRequest) -> AsyncGenerator[TokenDelta, None]:
+        """The request's deltas from the replica the router picks, placed again while no token came."""
+        prefix = prompt_prefix(req.model, req.prompt_ids)
+        tried: set[str] = set()
+        refusal: Refusal | None = None
+        loads = self.replica_loads()
+        self._check_global_queue(req, loads)
+        while True:
+            try:
+                placement = self.router.place(req.class_name, req.model, len(req.prompt_ids), prefix, loads,
+                                              exclude=tried)
+            except NoReplicaError:
+                if refusal is not None and refusal.kind == "full":
+                    raise QueueFullError(refusal.retry_after_s, req.class_name) from None
+                raise QueueTimeoutError(f"no replica could take the request: {refusal.message if refusal else 'none'}"
+                                        ) from None
+            rid = placement.replica_id
+            tried.add(rid)
+            self.router.dispatched(rid, req.class_name, len(req.prompt_ids), prefix)
+            first = False
+            try:
+                async for item in self._stream_from(rid, req):
+                    if isinstance(item, Refusal):
+                        if item.kind == "invalid":
+                            raise RequestError(item.message)
+                        refusal = item
+                        break  # placed again below (a full queue, a timeout there)
+                    if not first and (item.token_ids or item.finished or item.error is not None):
+                        first = True
+                        self.router.first_token(rid, req.class_name, len(req.prompt_ids))
+                    if item.finished or item.error is not None:  # the consumer stops at the final delta
+                        self.outcomes[rid, "failed" if item.error is not None else "served"] += 1
+                        yield item
+                        return
+                    yield item
+                else:
+                    if first:  # ended without a final delta: the replica went away mid-stream
+                        yield self._failed(req, rid, "its stream ended early")
+                        return
+            except ReplicaLostError as exc:
+                if first:
+                    yield self._failed(req, rid, str(exc))
+                    return
+                log.warning("request %s: replica %s lost before its first token; placing it again", req.request_id,
+                            self._name(rid))
+                refusal = Refusal("timeout", str(exc))
+            except QueueFullError as exc:  # the local replica's queue: another replica may take it
+                refusal = Refusal("full", str(exc), exc.retry_after_s)
+            finally:
+                self.router.ended(rid, req.class_name, len(req.prompt_ids), first)
+            loads = self.replica_loads()
+
+    def _failed(self, req: ReplicaRequest, rid: str, why: str) -> TokenDelta:
+        self.outcomes[rid, "failed"] += 1
+        message = f"node {self._name(rid)} failed while serving the request: {why}"
+        log.warning("request %s: %s", req.request_id, message)
+        return TokenDelta(req.request_id, "", [], len(req.prompt_ids), 0, error=message)
+
+    def _name(self, rid: str) -> str:
+        return LOCAL if rid == LOCAL or self.membership is None else self.membership.name_of(rid)
+
+    async def _stream_from(self, rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        if rid == LOCAL:
+            stream = self._leased(req.model, self.llm(req.model).generate(
+                req.prompt_ids, req.params, req.request_id, req.class_name, req.user, req.priority_level or None,
+                req.timeout_us or None))
+            try:
+                async for delta in stream:
+                    yield delta
+            finally:
+                await stream.aclose()
+            return
+        assert self.membership is not None
+        handle = self.membership.handle(rid)
+        if handle is None:
+            raise ReplicaLostError("the node left")
+        gen = handle.generate.options(num_returns="streaming").remote(req)
+        done = False
+        try:
+            async for ref in gen:
+                item = await ref
+                done = isinstance(item, Refusal) or item.finished or item.error is not None
+                yield item
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError) as exc:
+            self.membership.lost(rid, "replica died")
+            raise ReplicaLostError(type(exc).__name__) from exc
+        finally:
+            if not done:
+                ray.cancel(gen)  # the client left (or we gave up): the replica aborts the sequence
+
+    # ---- stats -----------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        snap = super().snapshot()
+        nodes = list(self.membership.nodes()) if self.membership is not None else []
+        for node in nodes:
+            rid = node["replica"]
+            node.update(served=self.outcomes[rid, "served"], failed=self.outcomes[rid, "failed"])
+        if self.serve_locally:
+            local = gateway_load(self)
+            nodes.insert(0, {"name": LOCAL, "node_id": LOCAL, "address": "", "device": local["device"],
+                             "models": local["models"], "state": "ready", "replica": LOCAL,
+                             "running": local["running"], "queued": local["queued"],
+                             "free_kv_tokens": local["free_kv_tokens"], "served": self.outcomes[LOCAL, "served"],
+                             "failed": self.outcomes[LOCAL, "failed"], "since_s": self.started_s, "error": None})
+        snap["cluster"] = {"nodes": nodes}
+        classes = {c: dict(v) for c, v in snap.get("classes", {}).items()}  # never the published dicts
+        snap["classes"] = classes
+        for node in nodes:  # a class's queue and running requests across the cluster (the local ones are in)
+            if node["replica"] == LOCAL or node["state"] != "ready":
+                continue
+            for key in ("queued", "running"):
+                for cls, count in node[key].items():
+                    entry = classes.setdefault(cls, {"queued": 0, "running": 0})
+                    entry[key] = entry.get(key, 0) + count
+        return snap

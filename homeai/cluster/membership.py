@@ -1,0 +1,202 @@
+"""The front door's view of the cluster: which nodes offer a device, their replicas, and each one's load.
+
+A thread polls Ray's node table (``ray.nodes()``) and every replica's ``load`` twice a second. A node
+that joins gets a replica (an ``EngineReplica`` actor pinned to it); one that leaves (powered off, network
+gone, process killed: Ray marks it dead, or its actor stops answering) is marked ``left`` at once, its
+replica forgotten by the router, and its requests fail over (cluster_gateway). A node that comes back is a
+new Ray node: it gets a new replica and is used again as soon as its models are loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from homeai.cluster.node_spec import REPLICA_RESOURCE, NodeSpec, spec_of
+from homeai.cluster.replica import EngineReplica
+from homeai.cluster.router import ReplicaLoad
+from homeai.gateway.gateway import GatewayConfig
+from homeai.policy.schema import Policy
+from homeai.policy.store import PolicyHolder
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+LOAD_TIMEOUT_S = 3.0  # a replica that does not answer its load poll this long is taken for gone
+REPLICA_CONCURRENCY = 1024  # requests one replica streams at once (its queues refuse beyond their limits)
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    spec: NodeSpec
+    handle: Any
+    state: str = "loading"  # loading -> ready -> left
+    since_s: float = field(default_factory=time.time)
+    load: ReplicaLoad | None = None
+    pending: Any = None  # the ObjectRef of the ``ready`` call while loading
+    error: str | None = None
+
+    @property
+    def replica_id(self) -> str:
+        return self.spec.node_id
+
+
+class Membership:
+    def __init__(self, policy_holder: PolicyHolder, config: GatewayConfig, on_left: Callable[[str], None],
+                 poll_s: float = POLL_S) -> None:
+        self.policy_holder = policy_holder
+        self.config = config
+        self.on_left = on_left
+        self.poll_s = poll_s
+        self.replicas: dict[str, ReplicaState] = {}  # node id -> replica (a left one is kept to be shown)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._actor_class: Any = ray.remote(EngineReplica)
+        self._unsubscribe = policy_holder.subscribe(lambda p, _v: self._policy_swapped(p))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="homeai-membership", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._unsubscribe()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for rep in list(self.replicas.values()):
+            if rep.state != "left":
+                try:
+                    ray.kill(rep.handle, no_restart=True)
+                except Exception:  # the node may be gone already
+                    pass
+
+    # ---- what the gateway reads ------------------------------------------------------------------
+    def loads(self) -> list[ReplicaLoad]:
+        with self._lock:
+            return [r.load for r in self.replicas.values() if r.state == "ready" and r.load is not None]
+
+    def handle(self, replica_id: str) -> Any:
+        with self._lock:
+            rep = self.replicas.get(replica_id)
+            return rep.handle if rep is not None and rep.state == "ready" else None
+
+    def name_of(self, replica_id: str) -> str:
+        rep = self.replicas.get(replica_id)
+        return rep.spec.name if rep is not None else replica_id[:8]
+
+    def lost(self, replica_id: str, why: str) -> None:
+        """A stream found the replica gone (its actor died): mark it at once, not at the next poll."""
+        self._leave(replica_id, why)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Each node with a replica, as ``/v1/stats`` shows it (left ones included)."""
+        with self._lock:
+            reps = list(self.replicas.values())
+        out = []
+        for r in reps:
+            load = r.load
+            out.append({"name": r.spec.name, "node_id": r.spec.node_id, "address": r.spec.address,
+                        "device": r.spec.device, "models": list(load.models if load else r.spec.models),
+                        "state": r.state, "replica": r.replica_id,
+                        "running": dict(load.running) if load else {}, "queued": dict(load.queued) if load else {},
+                        "free_kv_tokens": load.free_kv_tokens if load else 0, "since_s": r.since_s, "error": r.error})
+        return out
+
+    # ---- the poll --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("cluster poll failed")
+            self._stop.wait(self.poll_s)
+
+    def refresh(self) -> None:
+        alive: dict[str, NodeSpec] = {}
+        for node in ray.nodes():
+            spec = spec_of(node)
+            if spec is not None and node.get("Alive"):
+                alive[spec.node_id] = spec
+        for node_id, rep in list(self.replicas.items()):
+            if rep.state != "left" and node_id not in alive:
+                self._leave(node_id, "node left the cluster")
+        for node_id, spec in alive.items():
+            if node_id not in self.replicas or self.replicas[node_id].state == "left" \
+                    and self.replicas[node_id].error == "replica died":
+                self._place(spec)
+        self._poll_loads()
+
+    def _place(self, spec: NodeSpec) -> None:
+        """Start a replica on the node (it loads its models; ``ready`` answers once they are loaded)."""
+        config = replace(self.config, device=spec.device, models_dir=None, cache_dir=None)
+        handle: Any = self._actor_class.options(
+            num_cpus=0, resources={REPLICA_RESOURCE: 1}, max_restarts=0, max_task_retries=0,
+            max_concurrency=REPLICA_CONCURRENCY,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(spec.node_id, soft=False),
+        ).remote(self.policy_holder.current, config, list(spec.models) or None, spec.name)
+        with self._lock:
+            self.replicas[spec.node_id] = ReplicaState(spec, handle, pending=handle.ready.remote())
+        log.info("node %s (%s, %s) joined: starting its replica", spec.name, spec.address, spec.device)
+
+    def _poll_loads(self) -> None:
+        for rep in list(self.replicas.values()):
+            if rep.state == "loading":
+                done, _ = ray.wait([rep.pending], timeout=0)
+                if not done:
+                    continue
+                try:
+                    info = ray.get(rep.pending)
+                except Exception as exc:
+                    self._leave(rep.replica_id, f"replica failed to start: {exc}")
+                    continue
+                rep.pending = None  # loaded: its first load poll below makes it ready
+                log.info("node %s loaded: %s on %s", rep.spec.name, info["models"], info["device"])
+        pending = {rep.replica_id: rep.handle.load.remote() for rep in list(self.replicas.values())
+                   if rep.state == "ready" or rep.state == "loading" and rep.pending is None}
+        for replica_id, ref in pending.items():
+            try:
+                data = ray.get(ref, timeout=LOAD_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                continue  # busy loading or a slow network: Ray's health check decides whether the node is gone
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                self._leave(replica_id, "replica died", str(exc))
+                continue
+            self._loaded(replica_id, data)
+
+    def _loaded(self, replica_id: str, data: dict[str, Any]) -> None:
+        with self._lock:
+            rep = self.replicas.get(replica_id)
+            if rep is None or rep.state == "left":
+                return
+            rep.load = ReplicaLoad(replica_id, node=rep.spec.name, device=data["device"],
+                                   models=tuple(data["models"]), base_s=data["base_s"], row_s=data["row_s"],
+                                   prompt_token_s=data["prompt_token_s"], free_kv_tokens=data["free_kv_tokens"],
+                                   block_size=data["block_size"], queued=data["queued"], running=data["running"])
+            if rep.state == "loading":
+                rep.state, rep.since_s = "ready", time.time()
+
+    def _leave(self, replica_id: str, why: str, detail: str = "") -> None:
+        with self._lock:
+            rep = self.replicas.get(replica_id)
+            if rep is None or rep.state == "left":
+                return
+            rep.state, rep.since_s, rep.error = "left", time.time(), why
+        log.warning("node %s left: %s %s", rep.spec.name, why, detail)
+        self.on_left(replica_id)
+        try:
+            ray.kill(rep.handle, no_restart=True)
+        except Exception:  # the node is gone with it
+            pass
+
+    def _policy_swapped(self, policy: Policy) -> None:
+        for rep in list(self.replicas.values()):
+            if rep.state != "left":
+                rep.handle.set_policy.remote(policy)

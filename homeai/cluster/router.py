@@ -1,0 +1,188 @@
+"""Which engine replica serves a request: by class, from what the replicas publish and what was sent them.
+
+Pure (no Ray, no clock): the cluster gateway and the simulator (``homeai bench sim --devices``) place
+requests with the same object.
+
+- An interactive class (not ``background``) goes where its first token would come soonest: the
+  interactive work already there (queued or prefilling, each costing about a prompt's prefill; running,
+  lengthening each step by a row), the replica's fitted step cost, and the part of the prompt it would
+  compute, the blocks it already holds of the prompt's prefix left out (Home Assistant resends its
+  system prompt every turn). A replica whose KV pool cannot take the prompt is a last resort.
+- A background class goes where capacity is idle: fewest live requests per unit of speed, interactive
+  work counting far more than background.
+
+The router counts what it placed itself (``dispatched``/``first_token``/``ended``): a replica's published
+load is a second old, a burst of voice requests inside that second must not all land on one replica.
+Prefix affinity is the router's memory of the block hashes it sent each replica (a bounded LRU), as
+SGLang's cache-aware router does, rather than a copy of every replica's cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from homeai.core.block_hash import BlockHash, block_hash, root_hash
+
+PREFIX_MEMORY_BLOCKS = 8192  # block hashes remembered per replica (~128k tokens at 16 tokens per block)
+INTERACTIVE_WEIGHT = 8.0  # a live interactive request weighs this many background ones when placing background
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    """What a replica publishes (every ``load`` poll): enough to predict a first token there."""
+
+    replica_id: str
+    node: str = ""
+    device: str = "cpu"
+    models: tuple[str, ...] = ()
+    base_s: float = 0.02  # fitted step cost: a step's fixed time,
+    row_s: float = 0.001  # each decode row,
+    prompt_token_s: float = 0.001  # each prompt token beyond a row
+    free_kv_tokens: int = 1 << 30
+    block_size: int = 16
+    queued: dict[str, int] = field(default_factory=dict)  # class -> waiting in the replica's queues
+    running: dict[str, int] = field(default_factory=dict)  # class -> running sequences
+    alive: bool = True
+    ready: bool = True
+
+
+@dataclass(slots=True)
+class _Placed:
+    """What the router sent a replica and has not seen end, by class: ``waiting`` before its first token."""
+
+    waiting: dict[str, int] = field(default_factory=dict)
+    live: dict[str, int] = field(default_factory=dict)
+    prefixes: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
+
+
+@dataclass(slots=True)
+class Placement:
+    replica_id: str
+    predicted_ttft_s: float
+    cached_blocks: int
+
+
+class NoReplicaError(LookupError):
+    """No live replica serves the model (HTTP 503: one may come back)."""
+
+
+class Router:
+    def __init__(self, interactive_classes: Iterable[str] = (), prompt_estimate_tokens: int = 256) -> None:
+        self.interactive = set(interactive_classes)
+        self.prompt_estimate_tokens = prompt_estimate_tokens  # a waiting request's prefill, when unknown
+        self._placed: dict[str, _Placed] = {}
+        # replica -> interactive prompt tokens placed, first token not yet seen: the prefills a new interactive
+        # request waits behind (a background prompt waits behind it instead, and would count 12 queued
+        # 1,500-token summaries as seconds of delay)
+        self._waiting_tokens: dict[str, int] = {}
+
+    def set_interactive(self, classes: Iterable[str]) -> None:
+        self.interactive = set(classes)
+
+    # ---- placing ---------------------------------------------------------------------------------
+    def place(self, class_name: str, model: str, num_prompt_tokens: int, prefix: Sequence[BlockHash],
+              replicas: Sequence[ReplicaLoad], exclude: Iterable[str] = ()) -> Placement:
+        """The replica for one request (raises NoReplicaError when none alive serves ``model``)."""
+        excluded = set(exclude)
+        candidates = [r for r in replicas if r.alive and r.ready and model in r.models
+                      and r.replica_id not in excluded]
+        if not candidates:
+            raise NoReplicaError(f"no live replica serves {model!r}")
+        scored = []
+        for r in candidates:
+            cached = self.cached_blocks(r.replica_id, prefix)
+            compute = max(1, num_prompt_tokens - cached * r.block_size)
+            ttft = self.predict_ttft_s(r, compute)
+            fits = compute <= r.free_kv_tokens
+            if class_name in self.interactive:
+                key: tuple[float, ...] = (not fits, ttft, -cached)
+            else:
+                key = (not fits, self.idle_score(r), ttft)
+            scored.append((key, r.replica_id, ttft, cached))
+        _, rid, ttft, cached = min(scored)
+        return Placement(rid, ttft, cached)
+
+    def predict_ttft_s(self, r: ReplicaLoad, prompt_tokens: int) -> float:
+        """A new interactive request's first token there: the interactive prefills ahead of it, then its
+        own, each step also carrying a row for every running sequence."""
+        placed = self._placed.get(r.replica_id, _Placed())
+        rows = sum(r.running.values()) + sum(placed.live.values()) - sum(placed.waiting.values())
+        ahead_requests = max(sum(r.queued.get(c, 0) for c in self.interactive),
+                             sum(placed.waiting.get(c, 0) for c in self.interactive))
+        ahead_tokens = max(self._waiting_tokens.get(r.replica_id, 0),
+                           ahead_requests * self.prompt_estimate_tokens)
+        step_s = r.base_s + r.row_s * max(0, rows)
+        return (ahead_requests + 1) * step_s + r.prompt_token_s * (ahead_tokens + prompt_tokens)
+
+    def idle_score(self, r: ReplicaLoad) -> float:
+        """Lower is idler: live requests there (interactive weighted up), per unit of the replica's speed."""
+        placed = self._placed.get(r.replica_id, _Placed())
+        interactive = max(sum(r.running.get(c, 0) + r.queued.get(c, 0) for c in self.interactive),
+                          sum(placed.live.get(c, 0) for c in self.interactive))
+        published_bg = sum(n for c, n in (*r.running.items(), *r.queued.items()) if c not in self.interactive)
+        placed_bg = sum(n for c, n in placed.live.items() if c not in self.interactive)
+        load = INTERACTIVE_WEIGHT * interactive + max(published_bg, placed_bg)
+        return load * (r.base_s + r.row_s)
+
+    def cached_blocks(self, replica_id: str, prefix: Sequence[BlockHash]) -> int:
+        """Leading blocks of ``prefix`` the router sent this replica before (and it may still hold)."""
+        placed = self._placed.get(replica_id)
+        if placed is None:
+            return 0
+        n = 0
+        for h in prefix:
+            if h not in placed.prefixes:
+                break
+            n += 1
+        return n
+
+    # ---- what was placed -------------------------------------------------------------------------
+    def dispatched(self, replica_id: str, class_name: str, num_prompt_tokens: int,
+                   prefix: Sequence[BlockHash]) -> None:
+        placed = self._placed.setdefault(replica_id, _Placed())
+        placed.waiting[class_name] = placed.waiting.get(class_name, 0) + 1
+        placed.live[class_name] = placed.live.get(class_name, 0) + 1
+        if class_name in self.interactive:
+            self._waiting_tokens[replica_id] = self._waiting_tokens.get(replica_id, 0) + num_prompt_tokens
+        for h in prefix:
+            placed.prefixes[h] = None
+            placed.prefixes.move_to_end(h)
+        while len(placed.prefixes) > PREFIX_MEMORY_BLOCKS:
+            placed.prefixes.popitem(last=False)
+
+    def first_token(self, replica_id: str, class_name: str, num_prompt_tokens: int) -> None:
+        placed = self._placed.get(replica_id)
+        if placed is None or placed.waiting.get(class_name, 0) <= 0:
+            return
+        placed.waiting[class_name] -= 1
+        if class_name in self.interactive:
+            self._waiting_tokens[replica_id] = max(0, self._waiting_tokens.get(replica_id, 0) - num_prompt_tokens)
+
+    def ended(self, replica_id: str, class_name: str, num_prompt_tokens: int, had_first_token: bool) -> None:
+        placed = self._placed.get(replica_id)
+        if placed is None:
+            return
+        if not had_first_token:
+            self.first_token(replica_id, class_name, num_prompt_tokens)
+        placed.live[class_name] = max(0, placed.live.get(class_name, 0) - 1)
+
+    def forget(self, replica_id: str) -> None:
+        """A replica that left: its cache is gone with it (one that comes back starts cold)."""
+        self._placed.pop(replica_id, None)
+        self._waiting_tokens.pop(replica_id, None)
+
+    def placed_live(self, replica_id: str) -> dict[str, int]:
+        placed = self._placed.get(replica_id)
+        return dict(placed.live) if placed else {}
+
+
+def prompt_prefix(model: str, prompt_ids: Sequence[int], block_size: int = 16) -> list[BlockHash]:
+    """The chained hashes of the prompt's full blocks, as a replica's prefix cache names them."""
+    chain: list[BlockHash] = []
+    parent = root_hash(model)
+    for i in range(len(prompt_ids) // block_size):
+        parent = block_hash(parent, list(prompt_ids[i * block_size:(i + 1) * block_size]), model)
+        chain.append(parent)
+    return chain
