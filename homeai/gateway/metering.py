@@ -44,6 +44,8 @@ class RequestSink(Protocol):
 
     def rejected(self, class_name: str, reason: str) -> None: ...
 
+    def placed(self, request_id: str, node: str) -> None: ...
+
 
 @dataclass(slots=True)
 class Submission:
@@ -122,6 +124,11 @@ class Meter:
             raise
         self._end(sub, "ok", 0)
         return result
+
+    def placed(self, request_id: str, node: str) -> None:
+        """The request is served by ``node`` (a cluster's node name; called at each placement, the last
+        one counts), so the request log says which node served what."""
+        self._call("placed", request_id, node)
 
     def _end(self, sub: Submission, status: str, num_output_tokens: int) -> None:
         self._call("finished", sub.request_id, status, num_output_tokens)

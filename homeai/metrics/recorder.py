@@ -2,7 +2,7 @@
 
 The API calls the recorder from the event loop as a request progresses::
 
-    request_started -> [scheduled] -> first_token -> tokens ... tokens -> finished
+    request_started -> [scheduled] [placed] -> first_token -> tokens ... tokens -> finished
     rejected (a request refused before it ever ran, e.g. a full queue)
 
 Every call is a few dict lookups and deque appends (no I/O, no lock held beyond prometheus_client's
@@ -44,6 +44,7 @@ class _Live:
     last_token_s: float | None = None
     scheduled_s: float | None = None
     num_output_tokens: int = 0  # counted through tokens()
+    node: str | None = None  # the cluster node that served it (the last placement); None on a single box
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class FinishedRequest:
     finished_at: float  # wall clock (epoch seconds)
     queue_ms: float | None = None  # known when the API reported scheduled()
     itl_ms: float | None = None  # mean gap between output tokens (None below two deliveries)
+    node: str | None = None  # the cluster node that served it; None on a single box
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +112,12 @@ class MetricsRecorder:
         if live is not None:
             live.scheduled_s = self.clock()
             self.series.child(self.series.queue, live.class_name).observe(live.scheduled_s - live.started_s)
+
+    def placed(self, request_id: str, node: str) -> None:
+        """The request is served by cluster node ``node``; a later placement (a retry) replaces it."""
+        live = self._live.get(request_id)
+        if live is not None:
+            live.node = node
 
     def first_token(self, request_id: str) -> None:
         live = self._live.get(request_id)
@@ -159,7 +167,8 @@ class MetricsRecorder:
         done = FinishedRequest(
             request_id, live.kind, live.class_name, live.user, live.model, live.num_prompt_tokens,
             max(num_output_tokens, live.num_output_tokens), ttft_ms, e2e_s * 1e3, status, self.wall_clock(),
-            None if live.scheduled_s is None else (live.scheduled_s - live.started_s) * 1e3, _mean_itl_ms(live))
+            None if live.scheduled_s is None else (live.scheduled_s - live.started_s) * 1e3, _mean_itl_ms(live),
+            live.node)
         self.recent.append(done)
         for listener in self.listeners:
             listener(done)

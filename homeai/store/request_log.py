@@ -30,7 +30,7 @@ def log_row(done: FinishedRequest) -> dict[str, Any]:
             "kind": done.kind[:16], "class_name": done.class_name[:64], "user": done.user[:64],
             "model": done.model[:128], "status": done.status[:16], "num_prompt_tokens": done.num_prompt_tokens,
             "num_output_tokens": done.num_output_tokens, "queue_ms": done.queue_ms, "ttft_ms": done.ttft_ms,
-            "itl_ms": done.itl_ms, "e2e_ms": done.e2e_ms}
+            "itl_ms": done.itl_ms, "e2e_ms": done.e2e_ms, "node": None if done.node is None else done.node[:64]}
 
 
 class RequestLogWriter:

@@ -108,6 +108,7 @@ class RequestLogRow(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     itl_ms: Mapped[float | None] = mapped_column(Float, nullable=True)  # mean gap between output tokens
     e2e_ms: Mapped[float] = mapped_column(Float)
+    node: Mapped[str | None] = mapped_column(String(64), nullable=True)  # cluster node; NULL on a single box
 
 
 class JobRow(Base):

@@ -177,6 +177,19 @@ async def test_embedding_calls_record_each_outcome_once() -> None:
     assert recorder.user_rates()["alice"]["prompt_tokens"] == 12
 
 
+async def test_the_last_placement_names_the_node_that_served_it() -> None:
+    meter, _, done = meter_and_log()
+
+    async def placed_then_served(node_names: list[str]) -> AsyncIterator[TokenDelta]:
+        for node in node_names:  # the cluster router places (and, after a failed replica, places again)
+            meter.placed("r", node)
+        yield delta(1, FinishReason.STOP)
+
+    await read_all(meter.stream(sub("r"), placed_then_served(["node-a", "node-b"])))
+    await read_all(meter.stream(sub("r"), placed_then_served([])))  # a single box: never placed
+    assert [d.node for d in done] == ["node-b", None]
+
+
 async def test_a_broken_sink_never_fails_the_request() -> None:
     class Broken:
         def __getattr__(self, name: str) -> object:
@@ -187,3 +200,4 @@ async def test_a_broken_sink_never_fails_the_request() -> None:
     meter = Meter(Broken())  # type: ignore[arg-type]
     got = await read_all(meter.stream(sub(), Engine([delta(1, FinishReason.STOP)]).generate()))
     assert len(got) == 1
+    meter.placed("r", "node-a")  # logged, not raised

@@ -148,6 +148,20 @@ def test_finished_counts_missing_tokens_and_fills_recent(rec: MetricsRecorder, c
     rec.finished("unknown", "ok", 3)
 
 
+def test_placed_names_the_node_in_recent_the_last_placement_counts(rec: MetricsRecorder,
+                                                                   clock: VirtualClock) -> None:
+    rec.request_started("p", "llm", "chat", "dave", "m", 4)
+    rec.placed("p", "node-a")
+    rec.placed("p", "node-b")  # its first replica failed before a token: placed again
+    rec.finished("p", "ok", 2)
+    rec.request_started("s", "llm", "chat", "dave", "m", 4)  # a single box: never placed
+    rec.finished("s", "ok", 2)
+    rec.placed("unknown", "node-a")  # never started (or already finished): ignored
+    rec.placed("p", "node-c")
+    assert [(r["request_id"], r["node"]) for r in rec.recent_requests()] == [("s", None), ("p", "node-b")]
+    assert rec.num_live() == 0
+
+
 def test_recent_ring_is_bounded(clock: VirtualClock) -> None:
     rec = MetricsRecorder(clock=clock, max_recent=200)
     for i in range(250):

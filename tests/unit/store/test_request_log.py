@@ -122,6 +122,23 @@ async def test_the_recorder_feeds_the_writer(store: Store) -> None:
     assert row.itl_ms == pytest.approx(50.0) and row.e2e_ms == pytest.approx(150.0)
 
 
+async def test_the_row_names_the_node_that_served_the_request(store: Store) -> None:
+    assert store.sessions is not None
+    recorder = MetricsRecorder()
+    writer = RequestLogWriter(store.sessions)
+    recorder.listeners.append(writer.submit)
+    writer.start()
+    for rid, node in (("a", "node-a"), ("long", "n" * 80), ("single", None)):
+        recorder.request_started(rid, "chat", "chat", "bob", "m", 7)
+        if node is not None:
+            recorder.placed(rid, node)
+        recorder.finished(rid, "ok", 1)
+    await await_until(lambda: writer.num_written == 3)
+    await writer.stop()
+    assert [(r.request_id, r.node) for r in await rows(store)] == [("a", "node-a"), ("long", "n" * 64),
+                                                                   ("single", None)]
+
+
 async def test_retention_prunes_old_rows(store: Store) -> None:
     assert store.sessions is not None
     now = datetime.now(UTC)
