@@ -5,6 +5,11 @@ Nothing here is a re-implementation of the policy: the same ``ClassScheduler``, 
 advances a ``VirtualClock``. Each LLM the policy names gets its own class scheduler and KV pool, as on the
 server, and its own cost model (``costs``; else ``cost``). Runs are deterministic, so policies can be
 compared at scales this machine cannot run.
+
+A ``Simulator`` is one device. ``run`` drives it through a whole trace; a cluster simulation
+(``sim.cluster_sim``) instead posts the requests its router placed here (``post``), moves the device one
+iteration at a time (``step``) beside the others, and hears of first tokens and ends (``on_first_token``,
+``on_end``).
 """
 
 from __future__ import annotations
@@ -105,6 +110,15 @@ class Simulator:
         self._pending: list[TraceRequest] = []  # interactive arrivals in time order; _next is due next
         self._next = 0
         self._steps = self._batches = 0
+        # What a cluster's front door hears of a request here, at the device's time: its first token
+        # (an embedding's answer counts as one) and its end (finished, rejected or timed out).
+        self.on_first_token: Callable[[RequestRecord, float], None] | None = None
+        self.on_end: Callable[[RequestRecord, float], None] | None = None
+
+    def post(self, req: TraceRequest) -> None:
+        """A request placed here from outside (a cluster's router), at or before the device's time: it
+        enters its queue at the next iteration, stamped with its arrival. Posts come in arrival order."""
+        self._pending.append(req)
 
     def _submit(self, req: TraceRequest) -> None:
         rid = f"r{next(self._ids)}"
@@ -146,9 +160,16 @@ class Simulator:
                 self._outstanding[cls] = self._outstanding.get(cls, 0) + 1
                 self._submit(req)
 
+    def _first(self, rec: RequestRecord, now: float) -> None:
+        rec.first_s = now
+        if self.on_first_token is not None:
+            self.on_first_token(rec, now)
+
     def _done(self, rec: RequestRecord) -> None:
-        if rec.req.background:
+        if rec.req.background and rec.req.class_name in self._outstanding:  # our own closed loop's
             self._outstanding[rec.req.class_name] -= 1
+        if self.on_end is not None:
+            self.on_end(rec, self.clock.now())
 
     def run(self, trace: list[TraceRequest], horizon_s: float) -> SimResult:
         for req in trace:
@@ -160,15 +181,28 @@ class Simulator:
         self._next = 0
         self._steps = self._batches = 0
         while self.clock.now() < horizon_s:
-            if run_once(self.batcher, self):  # the device loop's own iteration, on virtual time
-                continue
-            # Nothing ran: jump to the next arrival or deadline strictly after now (never to the
-            # horizon past work that is ready now: run_once would have run it).
-            now = self.clock.now()
-            arrival = self._pending[self._next].arrival_s if self._next < len(self._pending) else None
-            later = [b[-1].arrival_s for b in self._backlog.values() if b]  # a background job that starts later
-            wake = [t for t in (arrival, self.batcher.next_wake_s(after=now), *later) if t is not None and t > now]
-            self.clock.set(min([*wake, horizon_s]))
+            self.step(horizon_s)
+        return self.result(horizon_s)
+
+    def step(self, until_s: float) -> None:
+        """One iteration of the device loop on virtual time; when nothing was ready, the device sleeps
+        to the next arrival or deadline strictly after now, or to ``until_s`` if that comes first
+        (never past work that is ready now: run_once would have run it)."""
+        if run_once(self.batcher, self):
+            return
+        now = self.clock.now()
+        arrival = self._pending[self._next].arrival_s if self._next < len(self._pending) else None
+        later = [b[-1].arrival_s for b in self._backlog.values() if b]  # a background job that starts later
+        wake = [t for t in (arrival, self.batcher.next_wake_s(after=now), *later) if t is not None and t > now]
+        self.clock.set(max(now, min([*wake, until_s])))
+
+    @property
+    def num_unsubmitted(self) -> int:
+        """Posted requests the device has not taken into its queues yet (still in its inbox)."""
+        return len(self._pending) - self._next
+
+    def result(self, horizon_s: float) -> SimResult:
+        """The figures so far; requests still queued or running are ``in_flight``."""
         scheds = self.schedulers.values()
         in_flight = {seq.request_id for sched in scheds for seq in sched.seqs.values()}
         in_flight |= {item.payload[0] for q in self.batcher.embed_queues.values() for item in q}
@@ -220,7 +254,7 @@ class Simulator:
             rec = self.records[seq.request_id]
             rec.token_times.append(now)
             if rec.first_s is None:
-                rec.first_s = now
+                self._first(rec, now)
             if seq.status.is_finished:
                 self._computed.pop(seq.seq_id, None)
                 rec.done_s = now
@@ -239,7 +273,8 @@ class Simulator:
             rec = self.records[rid]
             rec.inputs_left -= 1
             if rec.inputs_left == 0:
-                rec.first_s = rec.done_s = now
+                rec.done_s = now
+                self._first(rec, now)
                 self._done(rec)
 
     def _collect_timeouts(self) -> None:

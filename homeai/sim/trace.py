@@ -190,3 +190,17 @@ TRACE_SETTINGS = {"household-real": TraceSettings(kv_blocks=364, background_in_f
                   # voice on a 1B model, chat and the summaries on an 8B one, both on one 24 GB card
                   "household-two-models": TraceSettings(models=(("voice", "voice-1b", "gpu-1b"),
                                                                 ("*", "chat-8b", "gpu-8b")))}
+
+
+def households(num_houses: int, horizon_s: float = 120.0, seed: int = 0,
+               background: bool = True) -> list[TraceRequest]:
+    """``num_houses`` independent households (``household`` with seeds ``seed``, ``seed + 1``, ...), merged:
+    each house's users are its own (``kitchen@h1``), and each brings its own overnight job, so the
+    background work grows with the houses as the interactive traffic does."""
+    reqs: list[TraceRequest] = []
+    for house in range(num_houses):
+        for req in household(horizon_s, seed + house, background):
+            req.user = f"{req.user}@h{house}"
+            reqs.append(req)
+    reqs.sort(key=lambda r: r.arrival_s)
+    return reqs
