@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -58,15 +59,18 @@ def cmd_node_join(args: argparse.Namespace) -> int:
     name = args.name or socket.gethostname()
     node = start_node(args.address, args.node_ip or _local_ip_towards(args.address), args.device, models, name)
 
+    leaving = threading.Event()  # the handler only sets it: waiting on the process inside it would deadlock
+
     def leave(_sig: int, _frame: FrameType | None) -> None:
-        node.stop()
+        leaving.set()
 
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
     print(f"node {name} ({args.device}) joining {args.address}; stop with Ctrl-C or SIGTERM", flush=True)
-    status = node.wait()
+    while node.alive() and not leaving.wait(0.5):
+        pass
     node.stop()
-    return 0 if status in (0, -signal.SIGTERM, 128 + signal.SIGTERM) else status
+    return 0 if leaving.is_set() else node.proc.returncode or 1
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 LOCAL = "local"
 FULL_RETRY_AFTER_S = 1.0
+SERVED_BY_KEPT = 10_000
 
 
 class ReplicaLostError(RuntimeError):
@@ -54,6 +55,7 @@ class ClusterGateway(Gateway):
     router: Router = field(default_factory=Router)
     membership: Membership | None = None
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (replica, served|failed) -> requests
+    served_by: OrderedDict[str, str] = field(default_factory=OrderedDict)  # request id -> node, the latest ones
 
     def start(self) -> None:
         super().start()
@@ -125,6 +127,7 @@ class ClusterGateway(Gateway):
                                         ) from None
             rid = placement.replica_id
             tried.add(rid)
+            self._record_node(req.request_id, rid)
             self.router.dispatched(rid, req.class_name, len(req.prompt_ids), prefix)
             first = False
             try:
@@ -158,6 +161,15 @@ class ClusterGateway(Gateway):
             finally:
                 self.router.ended(rid, req.class_name, len(req.prompt_ids), first)
             loads = self.replica_loads()
+
+    def _record_node(self, request_id: str, rid: str) -> None:
+        """Which node serves the request (its last placement), for the stats and the request log."""
+        self.served_by[request_id] = self._name(rid)
+        self.meter.placed(request_id, self.served_by[request_id])  # the request log's node column
+        self.served_by.move_to_end(request_id)
+        while len(self.served_by) > SERVED_BY_KEPT:
+            self.served_by.popitem(last=False)
+        log.debug("request %s placed on node %s", request_id, self.served_by[request_id])
 
     def _failed(self, req: ReplicaRequest, rid: str, why: str) -> TokenDelta:
         self.outcomes[rid, "failed"] += 1

@@ -1,0 +1,110 @@
+"""The router places by class from published loads and its own placements: pure, no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from homeai.cluster.router import NoReplicaError, ReplicaLoad, Router, prompt_prefix
+
+MODEL = "m"
+
+
+def replica(rid: str, **kw: object) -> ReplicaLoad:
+    return ReplicaLoad(rid, models=(MODEL,), base_s=0.01, row_s=0.002, prompt_token_s=0.002, **kw)  # type: ignore[arg-type]
+
+
+def router() -> Router:
+    return Router(["voice", "chat"])
+
+
+def test_voice_goes_to_the_idle_replica_not_behind_background() -> None:
+    r = router()
+    busy = replica("busy", running={"summarize": 12}, queued={"summarize": 4})
+    idle = replica("idle")
+    for order in ([busy, idle], [idle, busy]):
+        assert r.place("voice", MODEL, 40, [], order).replica_id == "idle"
+
+
+def test_voice_goes_where_less_interactive_work_waits() -> None:
+    r = router()
+    a, b = replica("a", queued={"voice": 3}), replica("b", running={"chat": 2})
+    assert r.place("voice", MODEL, 40, [], [a, b]).replica_id == "b"
+
+
+def test_a_burst_inside_one_publish_interval_is_spread_by_what_the_router_placed() -> None:
+    """Loads are a second old: the router's own placements keep a burst of voice requests from piling up."""
+    r = router()
+    a, b = replica("a"), replica("b")
+    placed = []
+    for _ in range(6):
+        rid = r.place("voice", MODEL, 40, [], [a, b]).replica_id
+        r.dispatched(rid, "voice", 40, [])
+        placed.append(rid)
+    assert placed.count("a") == 3 and placed.count("b") == 3
+
+
+def test_a_repeated_system_prompt_goes_back_to_the_replica_that_holds_its_blocks() -> None:
+    r = router()
+    a, b = replica("a"), replica("b")
+    system = list(range(1, 321))  # a 320-token system prompt: 20 blocks
+    prefix = prompt_prefix(MODEL, system + [7, 8, 9])
+    first = r.place("voice", MODEL, 323, prefix, [a, b])
+    r.dispatched(first.replica_id, "voice", 323, prefix)
+    r.first_token(first.replica_id, "voice", 323)
+    r.ended(first.replica_id, "voice", 323, had_first_token=True)
+    again = prompt_prefix(MODEL, system + [4, 5, 6, 10])
+    second = r.place("voice", MODEL, 324, again, [a, b])
+    assert second.replica_id == first.replica_id and second.cached_blocks == 20
+    # ... unless that replica is much busier: the first token comes sooner elsewhere
+    busy = replica(first.replica_id, queued={"voice": 6}, running={"chat": 30})
+    other = b if first.replica_id == "a" else a
+    assert r.place("voice", MODEL, 324, again, [busy, other]).replica_id == other.replica_id
+
+
+def test_background_goes_where_capacity_is_idle() -> None:
+    r = router()
+    voice_busy = replica("v", running={"voice": 2})
+    bg_busy = replica("s", running={"summarize": 3})
+    assert r.place("summarize", MODEL, 1500, [], [voice_busy, bg_busy]).replica_id == "s"
+    assert r.place("summarize", MODEL, 1500, [], [bg_busy, replica("idle")]).replica_id == "idle"
+
+
+def test_a_replica_that_cannot_hold_the_prompt_is_the_last_resort() -> None:
+    r = router()
+    small = replica("small", free_kv_tokens=100)
+    loaded = replica("loaded", queued={"voice": 2})
+    assert r.place("voice", MODEL, 800, [], [small, loaded]).replica_id == "loaded"
+
+
+def test_only_live_ready_replicas_of_the_model_and_not_excluded() -> None:
+    r = router()
+    gone = replica("gone", alive=False)
+    loading = replica("loading", ready=False)
+    other_model = ReplicaLoad("x", models=("other",))
+    ok = replica("ok")
+    assert r.place("voice", MODEL, 10, [], [gone, loading, other_model, ok]).replica_id == "ok"
+    with pytest.raises(NoReplicaError):
+        r.place("voice", MODEL, 10, [], [gone, loading, other_model, ok], exclude={"ok"})
+
+
+def test_forgetting_a_replica_drops_its_placements_and_prefixes() -> None:
+    r = router()
+    prefix = prompt_prefix(MODEL, list(range(64)))
+    r.dispatched("a", "voice", 64, prefix)
+    assert r.cached_blocks("a", prefix) == 4 and r.placed_live("a") == {"voice": 1}
+    r.forget("a")
+    assert r.cached_blocks("a", prefix) == 0 and r.placed_live("a") == {}
+
+
+def test_bookkeeping_counts_waiting_until_the_first_token_and_live_until_the_end() -> None:
+    r = router()
+    a = replica("a")
+    base = r.predict_ttft_s(a, 40)
+    r.dispatched("a", "voice", 500, [])
+    waiting = r.predict_ttft_s(a, 40)
+    assert waiting > base + 0.9  # a 500-token prefill ahead at 2 ms a token
+    r.first_token("a", "voice", 500)
+    assert r.predict_ttft_s(a, 40) < waiting
+    r.ended("a", "voice", 500, had_first_token=True)
+    assert r.placed_live("a") == {"voice": 0}
+    assert r.predict_ttft_s(a, 40) == pytest.approx(base)
