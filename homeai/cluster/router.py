@@ -11,8 +11,10 @@ requests with the same object.
 - A background class goes where capacity is idle: fewest live requests per unit of speed, interactive
   work counting far more than background.
 
-The router counts what it placed itself (``dispatched``/``first_token``/``ended``): a replica's published
-load is a second old, a burst of voice requests inside that second must not all land on one replica.
+The router counts what it placed itself (``dispatched``/``first_token``/``ended``) and reads only costs and
+free KV from a replica's published load: every request goes through the one front door, so its own counts
+are exact, while a published load is up to half a second old (a burst of voice requests inside it must not
+all land on one replica, and a request that ended since must not keep voice away).
 Prefix affinity is the router's memory of the block hashes it sent each replica (a bounded LRU), as
 SGLang's cache-aware router does, rather than a copy of every replica's cache.
 """
@@ -27,6 +29,7 @@ from homeai.core.block_hash import BlockHash, block_hash, root_hash
 
 PREFIX_MEMORY_BLOCKS = 8192  # block hashes remembered per replica (~128k tokens at 16 tokens per block)
 INTERACTIVE_WEIGHT = 8.0  # a live interactive request weighs this many background ones when placing background
+SAME_CLASS_WEIGHT = 4.0  # ... and one of the same background class this many of another
 
 
 @dataclass(slots=True)
@@ -90,41 +93,48 @@ class Router:
                       and r.replica_id not in excluded]
         if not candidates:
             raise NoReplicaError(f"no live replica serves {model!r}")
+        interactive = class_name in self.interactive
+        # "Idle": nothing the router placed there is live. Voice never goes behind background while one is.
+        idle_exists = any(not any(self.placed_live(r.replica_id).values()) for r in candidates)
         scored = []
         for r in candidates:
             cached = self.cached_blocks(r.replica_id, prefix)
             compute = max(1, num_prompt_tokens - cached * r.block_size)
             ttft = self.predict_ttft_s(r, compute)
             fits = compute <= r.free_kv_tokens
-            if class_name in self.interactive:
-                key: tuple[float, ...] = (not fits, ttft, -cached)
+            if interactive:
+                behind_background = idle_exists and self._live_background(r.replica_id) > 0
+                key: tuple[float, ...] = (not fits, behind_background, ttft, -cached)
             else:
-                key = (not fits, self.idle_score(r), ttft)
+                key = (not fits, self.idle_score(r, class_name), ttft)
             scored.append((key, r.replica_id, ttft, cached))
         _, rid, ttft, cached = min(scored)
         return Placement(rid, ttft, cached)
 
     def predict_ttft_s(self, r: ReplicaLoad, prompt_tokens: int) -> float:
         """A new interactive request's first token there: the interactive prefills ahead of it, then its
-        own, each step also carrying a row for every running sequence."""
+        own, each step also carrying a row for every running sequence. Counts are the router's own (every
+        request goes through it, and it sees each one's first token and end at once); the replica's
+        published load gives its costs and free KV."""
         placed = self._placed.get(r.replica_id, _Placed())
-        rows = sum(r.running.values()) + sum(placed.live.values()) - sum(placed.waiting.values())
-        ahead_requests = max(sum(r.queued.get(c, 0) for c in self.interactive),
-                             sum(placed.waiting.get(c, 0) for c in self.interactive))
-        ahead_tokens = max(self._waiting_tokens.get(r.replica_id, 0),
-                           ahead_requests * self.prompt_estimate_tokens)
+        rows = sum(placed.live.values()) - sum(placed.waiting.values())
+        ahead_requests = sum(placed.waiting.get(c, 0) for c in self.interactive)
+        ahead_tokens = self._waiting_tokens.get(r.replica_id, 0)
         step_s = r.base_s + r.row_s * max(0, rows)
         return (ahead_requests + 1) * step_s + r.prompt_token_s * (ahead_tokens + prompt_tokens)
 
-    def idle_score(self, r: ReplicaLoad) -> float:
-        """Lower is idler: live requests there (interactive weighted up), per unit of the replica's speed."""
-        placed = self._placed.get(r.replica_id, _Placed())
-        interactive = max(sum(r.running.get(c, 0) + r.queued.get(c, 0) for c in self.interactive),
-                          sum(placed.live.get(c, 0) for c in self.interactive))
-        published_bg = sum(n for c, n in (*r.running.items(), *r.queued.items()) if c not in self.interactive)
-        placed_bg = sum(n for c, n in placed.live.items() if c not in self.interactive)
-        load = INTERACTIVE_WEIGHT * interactive + max(published_bg, placed_bg)
+    def idle_score(self, r: ReplicaLoad, class_name: str = "") -> float:
+        """Lower is idler: live requests there (interactive weighted up, and ``class_name``'s own weighted
+        up, so each background class spreads evenly rather than one replica taking all the summaries while
+        another takes the indexing), per unit of the replica's speed."""
+        live = self.placed_live(r.replica_id)
+        interactive = sum(live.get(c, 0) for c in self.interactive)
+        load = (INTERACTIVE_WEIGHT * interactive + self._live_background(r.replica_id)
+                + SAME_CLASS_WEIGHT * live.get(class_name, 0))
         return load * (r.base_s + r.row_s)
+
+    def _live_background(self, replica_id: str) -> int:
+        return sum(n for c, n in self.placed_live(replica_id).items() if c not in self.interactive)
 
     def cached_blocks(self, replica_id: str, prefix: Sequence[BlockHash]) -> int:
         """Leading blocks of ``prefix`` the router sent this replica before (and it may still hold)."""

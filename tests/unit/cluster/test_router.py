@@ -17,18 +17,35 @@ def router() -> Router:
     return Router(["voice", "chat"])
 
 
+def load(r: Router, rid: str, class_name: str, n: int, started: bool = True, prompt: int = 40) -> None:
+    """``n`` requests of ``class_name`` placed on ``rid``: running (a first token seen) or waiting."""
+    for _ in range(n):
+        r.dispatched(rid, class_name, prompt, [])
+        if started:
+            r.first_token(rid, class_name, prompt)
+
+
 def test_voice_goes_to_the_idle_replica_not_behind_background() -> None:
     r = router()
-    busy = replica("busy", running={"summarize": 12}, queued={"summarize": 4})
-    idle = replica("idle")
+    load(r, "busy", "summarize", 1)
+    busy, idle = replica("busy"), replica("idle")
     for order in ([busy, idle], [idle, busy]):
         assert r.place("voice", MODEL, 40, [], order).replica_id == "idle"
 
 
+def test_published_counts_do_not_count_the_router_sees_every_request() -> None:
+    """A load published before a request ended must not keep voice away: the router's own count is exact."""
+    r = router()
+    stale = replica("stale", running={"summarize": 12}, queued={"voice": 4})
+    load(r, "other", "chat", 1)
+    assert r.place("voice", MODEL, 40, [], [stale, replica("other")]).replica_id == "stale"
+
+
 def test_voice_goes_where_less_interactive_work_waits() -> None:
     r = router()
-    a, b = replica("a", queued={"voice": 3}), replica("b", running={"chat": 2})
-    assert r.place("voice", MODEL, 40, [], [a, b]).replica_id == "b"
+    load(r, "a", "voice", 3, started=False)
+    load(r, "b", "chat", 2)
+    assert r.place("voice", MODEL, 40, [], [replica("a"), replica("b")]).replica_id == "b"
 
 
 def test_a_burst_inside_one_publish_interval_is_spread_by_what_the_router_placed() -> None:
@@ -56,24 +73,35 @@ def test_a_repeated_system_prompt_goes_back_to_the_replica_that_holds_its_blocks
     second = r.place("voice", MODEL, 324, again, [a, b])
     assert second.replica_id == first.replica_id and second.cached_blocks == 20
     # ... unless that replica is much busier: the first token comes sooner elsewhere
-    busy = replica(first.replica_id, queued={"voice": 6}, running={"chat": 30})
+    load(r, first.replica_id, "voice", 6, started=False, prompt=300)
+    load(r, first.replica_id, "chat", 30)
     other = b if first.replica_id == "a" else a
-    assert r.place("voice", MODEL, 324, again, [busy, other]).replica_id == other.replica_id
+    assert r.place("voice", MODEL, 324, again, [a, b]).replica_id == other.replica_id
 
 
 def test_background_goes_where_capacity_is_idle() -> None:
     r = router()
-    voice_busy = replica("v", running={"voice": 2})
-    bg_busy = replica("s", running={"summarize": 3})
-    assert r.place("summarize", MODEL, 1500, [], [voice_busy, bg_busy]).replica_id == "s"
-    assert r.place("summarize", MODEL, 1500, [], [bg_busy, replica("idle")]).replica_id == "idle"
+    load(r, "v", "voice", 2)
+    load(r, "s", "summarize", 3)
+    assert r.place("summarize", MODEL, 1500, [], [replica("v"), replica("s")]).replica_id == "s"
+    assert r.place("summarize", MODEL, 1500, [], [replica("s"), replica("idle")]).replica_id == "idle"
+
+
+def test_each_background_class_spreads_over_the_replicas() -> None:
+    """Two replicas each running two background requests: a new summary goes where fewer summaries run."""
+    r = router()
+    load(r, "a", "summarize", 2)
+    load(r, "b", "indexing", 1)
+    load(r, "b", "summarize", 1)
+    assert r.place("summarize", MODEL, 1500, [], [replica("a"), replica("b")]).replica_id == "b"
+    assert r.place("indexing", MODEL, 200, [], [replica("a"), replica("b")]).replica_id == "a"
 
 
 def test_a_replica_that_cannot_hold_the_prompt_is_the_last_resort() -> None:
     r = router()
+    load(r, "loaded", "voice", 2, started=False)
     small = replica("small", free_kv_tokens=100)
-    loaded = replica("loaded", queued={"voice": 2})
-    assert r.place("voice", MODEL, 800, [], [small, loaded]).replica_id == "loaded"
+    assert r.place("voice", MODEL, 800, [], [small, replica("loaded")]).replica_id == "loaded"
 
 
 def test_only_live_ready_replicas_of_the_model_and_not_excluded() -> None:
