@@ -28,6 +28,7 @@ import ray
 from homeai.cluster.membership import Membership
 from homeai.cluster.replica import Refusal, ReplicaRequest, gateway_load
 from homeai.cluster.router import NoReplicaError, ReplicaLoad, Router, prompt_prefix
+from homeai.cluster.shared_fairness import SharedCounters
 from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.errors import QueueTimeoutError, RequestError
 from homeai.gateway.gateway import Gateway, Route
@@ -54,6 +55,7 @@ class ClusterGateway(Gateway):
     serve_locally: bool = True  # the front door's own device is a replica too
     router: Router = field(default_factory=Router)
     membership: Membership | None = None
+    fairness: SharedCounters | None = None  # one VTC counter per user across replicas
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (replica, served|failed) -> requests
     served_by: OrderedDict[str, str] = field(default_factory=OrderedDict)  # request id -> node, the latest ones
 
@@ -62,8 +64,9 @@ class ClusterGateway(Gateway):
         if not ray.is_initialized():
             ray.init(address=self.cluster_address or "auto", namespace="homeai", log_to_driver=False)
         self._interactive_from(self.policy)
+        self.fairness = SharedCounters(self.policy)
         self.policy_holder.subscribe(lambda p, _v: self._interactive_from(p))
-        self.membership = Membership(self.policy_holder, self.config, self.router.forget)
+        self.membership = Membership(self.policy_holder, self.config, self.router.forget, self._share_counters)
         self.membership.start()
 
     def shutdown(self) -> None:
@@ -74,6 +77,18 @@ class ClusterGateway(Gateway):
 
     def _interactive_from(self, policy: Policy) -> None:
         self.router.set_interactive(n for n, cp in policy.classes.items() if cp.kind == "llm" and not cp.background)
+        if self.fairness is not None:
+            self.fairness.apply_policy(policy)
+
+    def _share_counters(self) -> dict[str, dict[str, float]]:
+        """At each membership poll: the cluster's VTC counters, which this device's engines take now and
+        the replicas with their load poll."""
+        assert self.fairness is not None
+        counters = self.fairness.snapshot()
+        if self.serve_locally:
+            for engine in self.llms.values():
+                engine.share_counters(counters)
+        return counters
 
     # ---- placing ---------------------------------------------------------------------------------
     def replica_loads(self) -> list[ReplicaLoad]:
@@ -140,6 +155,9 @@ class ClusterGateway(Gateway):
                     if not first and (item.token_ids or item.finished or item.error is not None):
                         first = True
                         self.router.first_token(rid, req.class_name, len(req.prompt_ids))
+                        self._charge(req, len(req.prompt_ids), 0)
+                    if item.token_ids:
+                        self._charge(req, 0, len(item.token_ids))
                     if item.finished or item.error is not None:  # the consumer stops at the final delta
                         self.outcomes[rid, "failed" if item.error is not None else "served"] += 1
                         yield item
@@ -161,6 +179,10 @@ class ClusterGateway(Gateway):
             finally:
                 self.router.ended(rid, req.class_name, len(req.prompt_ids), first)
             loads = self.replica_loads()
+
+    def _charge(self, req: ReplicaRequest, input_tokens: int, output_tokens: int) -> None:
+        if self.fairness is not None:
+            self.fairness.charge(req.class_name, req.user, input_tokens, output_tokens)
 
     def _record_node(self, request_id: str, rid: str) -> None:
         """Which node serves the request (its last placement), for the stats and the request log."""

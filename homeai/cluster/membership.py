@@ -50,10 +50,11 @@ class ReplicaState:
 
 class Membership:
     def __init__(self, policy_holder: PolicyHolder, config: GatewayConfig, on_left: Callable[[str], None],
-                 poll_s: float = POLL_S) -> None:
+                 shared_counters: Callable[[], dict[str, dict[str, float]]] = dict, poll_s: float = POLL_S) -> None:
         self.policy_holder = policy_holder
         self.config = config
         self.on_left = on_left
+        self.shared_counters = shared_counters  # the cluster's VTC counters, sent with every load poll
         self.poll_s = poll_s
         self.replicas: dict[str, ReplicaState] = {}  # node id -> replica (a left one is kept to be shown)
         self._lock = threading.Lock()
@@ -159,7 +160,8 @@ class Membership:
                     continue
                 rep.pending = None  # loaded: its first load poll below makes it ready
                 log.info("node %s loaded: %s on %s", rep.spec.name, info["models"], info["device"])
-        pending = {rep.replica_id: rep.handle.load.remote() for rep in list(self.replicas.values())
+        counters = self.shared_counters()
+        pending = {rep.replica_id: rep.handle.load.remote(counters) for rep in list(self.replicas.values())
                    if rep.state == "ready" or rep.state == "loading" and rep.pending is None}
         for replica_id, ref in pending.items():
             try:

@@ -116,7 +116,11 @@ class EngineReplica:
         finally:
             await stream.aclose()
 
-    def load(self) -> dict[str, Any]:
+    def load(self, counters: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+        """The load the router reads; ``counters``: the cluster's VTC counters, which the engines take."""
+        for engine in self.gateway.llms.values():
+            if counters:
+                engine.share_counters(counters)
         return gateway_load(self.gateway)
 
     def shutdown(self) -> None:

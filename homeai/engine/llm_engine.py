@@ -38,6 +38,7 @@ from homeai.engine.model_runner import ModelRunner
 from homeai.engine.streams import StreamRegistry
 from homeai.runtime.grammar import GrammarError
 from homeai.runtime.weights_format import WeightsFormat
+from homeai.scheduling.class_scheduler import ClassScheduler
 from homeai.scheduling.interface import StepScheduler
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,11 @@ class LLMEngine:
         server draining at shutdown), so each stream closes with its API's error ending."""
         self._post("fail_all", message)
 
+    def share_counters(self, counters: dict[str, dict[str, float]]) -> None:
+        """A cluster's fairness counters (class -> user -> service on every replica), for the scheduler to
+        take before the next step."""
+        self._post("counters", counters)
+
     def _post(self, kind: str, item: Any) -> None:
         with self._inbox_lock:
             self._inbox.append((kind, item))
@@ -163,6 +169,8 @@ class LLMEngine:
                     self.scheduler.add(item)
                 except Exception as exc:  # QueueFullError (429), an unknown class (400): the caller raises it
                     self.streams.fail(item.request_id, exc)
+            elif kind == "counters" and isinstance(self.scheduler, ClassScheduler):
+                self.scheduler.share_counters(item)
             elif kind == "abort":
                 seq = self.scheduler.abort(item)
                 if seq is not None:

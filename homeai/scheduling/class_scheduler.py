@@ -35,7 +35,7 @@ slot: it would take what that one waits for, and be preempted for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from homeai.core.block_manager import BlockManager
@@ -798,6 +798,14 @@ class ClassScheduler(StepScheduler):
                 if sampled is not None:
                     touched.append(seq)
             return touched
+
+    def share_counters(self, counters: Mapping[str, Mapping[str, float]]) -> None:
+        """Raise each class's VTC counters to a cluster's (class -> user -> service on every replica)."""
+        for name, users in counters.items():
+            state = self.classes.get(name)
+            if state is not None:
+                for user, value in users.items():
+                    state.vtc.raise_to(user, value)
 
     def class_stats(self) -> dict[str, dict[str, object]]:
         with self.lock:

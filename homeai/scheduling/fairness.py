@@ -73,6 +73,13 @@ class VirtualTokenCounter:
         self._counters[user] = value
         return value
 
+    def raise_to(self, user: str, value: float) -> None:
+        """At least ``value``: a cluster's front door counts each user's service on every replica, and a
+        replica takes it, so that a user served elsewhere waits here as if served here (one number across
+        replicas, not one per replica that would double the user's share)."""
+        if value > self._counters.get(user, float("-inf")):
+            self._counters[user] = value
+
     def on_backlogged(self, user: str, backlogged_users: Iterable[str], num_running: int = 0) -> float:
         """``user``'s queue went from empty to non-empty: if it was idle (``num_running``: its requests
         running now, none), lift it to max(own, min over backlogged); a busy user keeps its counter.
