@@ -30,7 +30,7 @@ from homeai.cluster.replica import Refusal, ReplicaRequest, gateway_load
 from homeai.cluster.router import NoReplicaError, ReplicaLoad, Router, prompt_prefix
 from homeai.cluster.shared_fairness import SharedCounters
 from homeai.core.types import SamplingParams, TokenDelta
-from homeai.engine.errors import QueueTimeoutError, RequestError
+from homeai.engine.errors import REPLICA_LOST, QueueTimeoutError, RequestError
 from homeai.gateway.gateway import Gateway, Route
 from homeai.gateway.metering import Submission
 from homeai.policy.schema import Policy
@@ -195,7 +195,7 @@ class ClusterGateway(Gateway):
 
     def _failed(self, req: ReplicaRequest, rid: str, why: str) -> TokenDelta:
         self.outcomes[rid, "failed"] += 1
-        message = f"node {self._name(rid)} failed while serving the request: {why}"
+        message = f"{REPLICA_LOST}: node {self._name(rid)} failed while serving the request: {why}"
         log.warning("request %s: %s", req.request_id, message)
         return TokenDelta(req.request_id, "", [], len(req.prompt_ids), 0, error=message)
 

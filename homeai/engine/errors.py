@@ -32,3 +32,8 @@ class ModelLoadError(RuntimeError):
     def __init__(self, model: str, message: str) -> None:
         super().__init__(message)
         self.model = model
+
+
+# An error delta's text starts with this when the node serving the request left after its first token (a
+# cluster's front door could not place it again): the answer is cut, but a job may ask again.
+REPLICA_LOST = "replica lost"

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from homeai.core.types import SamplingParams
+from homeai.engine.errors import REPLICA_LOST
 from homeai.scheduling.class_queue import QueueFullError
 from homeai.store.collections import Collections
 from homeai.store.jobs import JobInfo, Jobs
@@ -17,6 +18,7 @@ from homeai.store.request_log import prune_request_log
 PROMPT_USER = "jobs"  # not in the policy: the default user's share and classes
 NEW_DOCUMENTS = "{new_documents}"
 MAX_QUEUE_RETRIES = 60
+MAX_LOST_REPLICAS = 3  # a prompt job asks again this often when its node leaves mid-answer
 
 
 async def expand_prompt(job: JobInfo, jobs: Jobs, collections: Collections) -> str:
@@ -40,20 +42,29 @@ async def run_prompt(gateway: Any, job: JobInfo, prompt: str) -> str:
     ids = await asyncio.to_thread(gateway.chat_prompt, route.model, [{"role": "user", "content": prompt}])
     params = SamplingParams(temperature=float(spec.get("temperature", 0.0)),
                             max_tokens=int(spec.get("max_tokens") or 256))
+    lost = 0
     for _ in range(MAX_QUEUE_RETRIES):
         try:
             return await _collect(gateway.generate(route, ids, params, user, f"job{job.id}-{uuid.uuid4().hex}",
                                                   kind="chat"))
         except QueueFullError as e:
             await asyncio.sleep(max(0.5, e.retry_after_s))
+        except ReplicaLostError:  # its node left mid-answer: the job asks again (another replica answers)
+            lost += 1
+            if lost > MAX_LOST_REPLICAS:
+                raise
     raise RuntimeError(f"class {route.class_name!r} stayed full")
+
+
+class ReplicaLostError(RuntimeError):
+    """The node serving the job's request left mid-answer (a cluster)."""
 
 
 async def _collect(stream: Any) -> str:
     parts: list[str] = []
     async for delta in stream:
         if delta.error:
-            raise RuntimeError(delta.error)
+            raise (ReplicaLostError if delta.error.startswith(REPLICA_LOST) else RuntimeError)(delta.error)
         parts.append(delta.text)
     return "".join(parts)
 
