@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -604,8 +604,9 @@ def load_avg_1m() -> float | None:
 
 
 async def run_bench(url: str, pid: int | None, opts: BenchOptions, log: Log, key: str | None = None,
-                    ) -> dict[str, Any]:
-    """Every chosen phase against ``url``; ``pid``: the server's process, for its memory (None: not ours)."""
+                    during_household: Callable[[], Coroutine[Any, Any, None]] | None = None) -> dict[str, Any]:
+    """Every chosen phase against ``url``; ``pid``: the server's process, for its memory (None: not ours);
+    ``during_household`` runs beside the household phase (a cluster's node that stops)."""
     rss = RssSampler(pid) if pid is not None else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=10.0)
@@ -622,7 +623,10 @@ async def run_bench(url: str, pid: int | None, opts: BenchOptions, log: Log, key
         records = [await target.request("chat", SHORT_PROMPT_TOKENS, 8)]
         figures: dict[str, Any] = {}
         for phase in opts.phases:
+            side = asyncio.create_task(during_household()) if phase == "household" and during_household else None
             phase_figures, phase_records = await PHASE_RUNNERS[phase](target, opts, log)
+            if side is not None:
+                await side
             figures.update(phase_figures)
             records += phase_records
         memory = await rss.stop() if rss is not None else None
@@ -695,6 +699,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streams-s", type=float, help="seconds per stream count (default 20)")
     p.add_argument("--household-s", type=float, help="seconds per household window, twice (default 60)")
     p.add_argument("--background", type=int, help="summaries kept in flight in the household (default 12)")
+    p.add_argument("--nodes", type=int, default=0,
+                   help="serve as a cluster: `homeai serve --cluster` on loopback plus this many `homeai node join` "
+                        "processes on this machine (default 0: one device)")
+    p.add_argument("--stop-node-at", type=float, default=None, metavar="SECONDS",
+                   help="with --nodes: stop one node this long into the loaded household run")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
@@ -732,8 +741,27 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.url:
         report = asyncio.run(run_bench(args.url.rstrip("/"), None, opts, log, args.key))
+    elif args.nodes > 0:
+        report = run_cluster_bench(opts, log, args.nodes, args.stop_node_at)
     else:
         with launched_server(log) as (url, pid):
             report = asyncio.run(run_bench(url, pid, opts, log))
     print(json.dumps(report) if args.json else format_table(report))
     return 0
+
+
+def run_cluster_bench(opts: BenchOptions, log: Log, num_nodes: int, stop_node_at_s: float | None) -> dict[str, Any]:
+    """The bench against a front door and ``num_nodes`` nodes on this machine (serve_cluster.py); the
+    report gains ``cluster``: the nodes at the end, and when one was stopped."""
+    from homeai.bench.serve_cluster import launched_cluster
+
+    with launched_cluster(log, num_nodes) as (url, pid, nodes):
+        async def stop_one() -> None:
+            if stop_node_at_s is not None:
+                await asyncio.sleep(stop_node_at_s)
+                log(f"cluster: stopping node1 {stop_node_at_s:g} s into the household")
+                await asyncio.to_thread(nodes.stop_first)
+
+        report = asyncio.run(run_bench(url, pid, opts, log, during_household=stop_one))
+        report["cluster"] = nodes.summary()
+    return report
