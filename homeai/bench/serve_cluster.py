@@ -1,8 +1,8 @@
-"""`homeai bench serve --nodes N [--stop-node-at S]`: the serve bench against a cluster on this machine —
-`homeai serve --cluster` on loopback plus N `homeai node join` processes, each a replica of the models —
-and, with ``--stop-node-at``, one node stopped (SIGTERM, as systemd stops it) S seconds into the loaded
-household run: its streams that had begun end with an error event, the others are placed again, and the
-report's ``lost`` must stay 0."""
+"""`homeai bench serve --nodes N [--stop-node-at S]`: the serve bench against a cluster on this machine:
+`homeai serve --cluster` on loopback plus N `homeai node join` processes, each a replica of the models and
+each engine with its share of this machine's cores; with ``--stop-node-at``, one node is stopped (SIGTERM,
+as systemd stops it) S seconds into the loaded household run: its streams that had begun end with an error
+event, the others are placed again, and the report's ``lost`` must stay 0."""
 
 from __future__ import annotations
 
@@ -55,7 +55,10 @@ def launched_cluster(log: Any, num_nodes: int, env_extra: dict[str, str] | None 
         port, cluster_port = _free_port(), _free_port()
         url, address = f"http://127.0.0.1:{port}", f"127.0.0.1:{cluster_port}"
         data = Path(tmp) / "data"
-        env = {**os.environ, **(env_extra or {})}
+        # The front door and the nodes are engines on one machine: each gets its share of the cores (OpenMP
+        # threads of several engines on the same cores, spinning, would measure oversubscription).
+        threads = str(max(1, (os.cpu_count() or 1) // (num_nodes + 1)))
+        env = {**os.environ, "HOMEAI_CPU_THREADS": threads, **(env_extra or {})}
         cmd = [sys.executable, "-m", "homeai.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--data-dir", str(data), "--cluster", address]
         log(f"serve: starting {' '.join(cmd[2:])}")

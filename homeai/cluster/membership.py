@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,11 +34,23 @@ LOAD_TIMEOUT_S = 3.0  # a replica that does not answer its load poll this long i
 REPLICA_CONCURRENCY = 1024  # requests one replica streams at once (its queues refuse beyond their limits)
 
 
+def models_for(policy: Policy, spec: NodeSpec, replicas_now: Counter[str]) -> list[str]:
+    """The LLMs a joining node's replica serves: the policy's ``cluster.nodes`` entry for it, else what
+    the node named at join (``--models``), else every LLM of the policy; without those whose
+    ``cluster.replicas`` count is reached. Empty: the node stands by (a replica that leaves frees a place)."""
+    llms = policy.llm_models()
+    named = policy.cluster.nodes.get(spec.name)
+    wanted = list(named.models) if named is not None else [m for m in spec.models if m in llms] or llms
+    limits = policy.cluster.replicas
+    return [m for m in wanted if m not in limits or replicas_now[m] < limits[m]]
+
+
 @dataclass(slots=True)
 class ReplicaState:
     spec: NodeSpec
     handle: Any
-    state: str = "loading"  # loading -> ready -> left
+    models: list[str] = field(default_factory=list)  # what it serves (chosen when it was placed)
+    state: str = "loading"  # loading -> ready -> left; standby: nothing to serve (the policy's cluster section)
     since_s: float = field(default_factory=time.time)
     load: ReplicaLoad | None = None
     pending: Any = None  # the ObjectRef of the ``ready`` call while loading
@@ -73,7 +86,7 @@ class Membership:
         if self._thread is not None:
             self._thread.join(timeout=10)
         for rep in list(self.replicas.values()):
-            if rep.state != "left":
+            if rep.state in ("loading", "ready"):
                 try:
                     ray.kill(rep.handle, no_restart=True)
                 except Exception:  # the node may be gone already
@@ -105,7 +118,7 @@ class Membership:
         for r in reps:
             load = r.load
             out.append({"name": r.spec.name, "node_id": r.spec.node_id, "address": r.spec.address,
-                        "device": r.spec.device, "models": list(load.models if load else r.spec.models),
+                        "device": r.spec.device, "models": list(load.models if load else r.models),
                         "state": r.state, "replica": r.replica_id,
                         "running": dict(load.running) if load else {}, "queued": dict(load.queued) if load else {},
                         "free_kv_tokens": load.free_kv_tokens if load else 0, "since_s": r.since_s, "error": r.error})
@@ -127,24 +140,39 @@ class Membership:
             if spec is not None and node.get("Alive"):
                 alive[spec.node_id] = spec
         for node_id, rep in list(self.replicas.items()):
-            if rep.state != "left" and node_id not in alive:
+            if rep.state == "standby" and node_id not in alive:
+                del self.replicas[node_id]
+            elif rep.state != "left" and node_id not in alive:
                 self._leave(node_id, "node left the cluster")
         for node_id, spec in alive.items():
-            if node_id not in self.replicas or self.replicas[node_id].state == "left" \
-                    and self.replicas[node_id].error == "replica died":
+            known = self.replicas.get(node_id)
+            if known is None or known.state == "standby" or known.state == "left" and known.error == "replica died":
                 self._place(spec)
         self._poll_loads()
 
+    def _replicas_of_models(self) -> Counter[str]:
+        return Counter(m for r in self.replicas.values() if r.state in ("loading", "ready") for m in r.models)
+
     def _place(self, spec: NodeSpec) -> None:
-        """Start a replica on the node (it loads its models; ``ready`` answers once they are loaded)."""
+        """Start a replica on the node (it loads its models; ``ready`` answers once they are loaded), or
+        keep the node standing by when the policy gives it nothing to serve."""
+        models = models_for(self.policy_holder.current, spec, self._replicas_of_models())
+        if not models:
+            known = self.replicas.get(spec.node_id)
+            if known is not None and known.state == "standby":
+                return
+            with self._lock:
+                self.replicas[spec.node_id] = ReplicaState(spec, None, state="standby")
+            log.info("node %s stands by: the policy's cluster section gives it no model to serve", spec.name)
+            return
         config = replace(self.config, device=spec.device, models_dir=None, cache_dir=None)
         handle: Any = self._actor_class.options(
             num_cpus=0, resources={REPLICA_RESOURCE: 1}, max_restarts=0, max_task_retries=0,
             max_concurrency=REPLICA_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(spec.node_id, soft=False),
-        ).remote(self.policy_holder.current, config, list(spec.models) or None, spec.name)
+        ).remote(self.policy_holder.current, config, models, spec.name)
         with self._lock:
-            self.replicas[spec.node_id] = ReplicaState(spec, handle, pending=handle.ready.remote())
+            self.replicas[spec.node_id] = ReplicaState(spec, handle, models, pending=handle.ready.remote())
         log.info("node %s (%s, %s) joined: starting its replica", spec.name, spec.address, spec.device)
 
     def _poll_loads(self) -> None:
@@ -188,7 +216,7 @@ class Membership:
     def _leave(self, replica_id: str, why: str, detail: str = "") -> None:
         with self._lock:
             rep = self.replicas.get(replica_id)
-            if rep is None or rep.state == "left":
+            if rep is None or rep.state in ("left", "standby"):
                 return
             rep.state, rep.since_s, rep.error = "left", time.time(), why
         log.warning("node %s left: %s %s", rep.spec.name, why, detail)
@@ -200,5 +228,5 @@ class Membership:
 
     def _policy_swapped(self, policy: Policy) -> None:
         for rep in list(self.replicas.values()):
-            if rep.state != "left":
+            if rep.state in ("loading", "ready"):
                 rep.handle.set_policy.remote(policy)

@@ -273,6 +273,24 @@ class GlobalLimits(_Strict):
             f"the default memory_fraction {DEFAULT_MEMORY_FRACTION}"
 
 
+class NodePolicy(_Strict):
+    """One node of a cluster (``homeai node join --name NAME``), by name."""
+
+    models: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, description="the LLMs this node's replica serves (overrides the node's --models)")
+
+
+class ClusterPolicy(_Strict):
+    """Which LLMs run where when the front door runs a cluster (``homeai serve --cluster``); without this
+    section every node serves the models it names at join, or every LLM of the policy."""
+
+    nodes: dict[str, NodePolicy] = Field(default_factory=dict, description="by node name (local: the front "
+                                         "door's own device, which serves every LLM and is not configured here)")
+    replicas: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="at most this many node replicas of an LLM (besides the front door's "
+        "own device), given to nodes in the order they join; default: every node that serves it")
+
+
 class Policy(_Strict):
     """A whole policy file. Immutable: a new policy is swapped in, never edited in place."""
 
@@ -282,11 +300,21 @@ class Policy(_Strict):
     aliases: dict[str, AliasPolicy] = Field(default_factory=dict)
     scheduler: GlobalLimits = Field(default_factory=GlobalLimits)
     models: dict[str, ModelPolicy] = Field(default_factory=dict, description="residency of the LLMs by name")
+    cluster: ClusterPolicy = Field(default_factory=ClusterPolicy, description="which LLMs run on which nodes")
 
     @model_validator(mode="after")
     def _cross_check(self) -> Policy:
         problems: list[tuple[tuple[str | int, ...], str, object]] = []
         llms = {c.model for c in self.classes.values() if c.kind == "llm"}
+        for nname, node in self.cluster.nodes.items():
+            for i, mname in enumerate(node.models):
+                if mname not in llms:
+                    msg = f"no llm class names model {mname!r} (llm models: {', '.join(sorted(llms)) or 'none'})"
+                    problems.append((("cluster", "nodes", nname, "models", i), msg, mname))
+        for mname in self.cluster.replicas:
+            if mname not in llms:
+                msg = f"no llm class names model {mname!r} (llm models: {', '.join(sorted(llms)) or 'none'})"
+                problems.append((("cluster", "replicas", mname), msg, mname))
         for mname in self.models:
             if mname not in llms:
                 msg = f"no llm class names model {mname!r} (llm models: {', '.join(sorted(llms)) or 'none'})"
