@@ -144,20 +144,23 @@ class ClusterGateway(Gateway):
             tried.add(rid)
             self._record_node(req.request_id, rid)
             self.router.dispatched(rid, req.class_name, len(req.prompt_ids), prefix)
-            first = False
+            first, streamed = False, 0
             try:
                 async for item in self._stream_from(rid, req):
                     if isinstance(item, Refusal):
                         if item.kind == "invalid":
                             raise RequestError(item.message)
+                        if item.kind == "timeout":  # it waited its whole queue timeout there: 503, not again
+                            raise QueueTimeoutError(item.message)
                         refusal = item
-                        break  # placed again below (a full queue, a timeout there)
+                        break  # a full queue there: placed again below
                     if not first and (item.token_ids or item.finished or item.error is not None):
                         first = True
                         self.router.first_token(rid, req.class_name, len(req.prompt_ids))
                         self._charge(req, len(req.prompt_ids), 0)
                     if item.token_ids:
                         self._charge(req, 0, len(item.token_ids))
+                        streamed += len(item.token_ids)
                     if item.finished or item.error is not None:  # the consumer stops at the final delta
                         self.outcomes[rid, "failed" if item.error is not None else "served"] += 1
                         yield item
@@ -165,15 +168,15 @@ class ClusterGateway(Gateway):
                     yield item
                 else:
                     if first:  # ended without a final delta: the replica went away mid-stream
-                        yield self._failed(req, rid, "its stream ended early")
+                        yield self._failed(req, rid, "its stream ended early", streamed)
                         return
             except ReplicaLostError as exc:
                 if first:
-                    yield self._failed(req, rid, str(exc))
+                    yield self._failed(req, rid, str(exc), streamed)
                     return
                 log.warning("request %s: replica %s lost before its first token; placing it again", req.request_id,
                             self._name(rid))
-                refusal = Refusal("timeout", str(exc))
+                refusal = Refusal("lost", str(exc))
             except QueueFullError as exc:  # the local replica's queue: another replica may take it
                 refusal = Refusal("full", str(exc), exc.retry_after_s)
             finally:
@@ -193,11 +196,11 @@ class ClusterGateway(Gateway):
             self.served_by.popitem(last=False)
         log.debug("request %s placed on node %s", request_id, self.served_by[request_id])
 
-    def _failed(self, req: ReplicaRequest, rid: str, why: str) -> TokenDelta:
+    def _failed(self, req: ReplicaRequest, rid: str, why: str, streamed: int) -> TokenDelta:
         self.outcomes[rid, "failed"] += 1
         message = f"{REPLICA_LOST}: node {self._name(rid)} failed while serving the request: {why}"
         log.warning("request %s: %s", req.request_id, message)
-        return TokenDelta(req.request_id, "", [], len(req.prompt_ids), 0, error=message)
+        return TokenDelta(req.request_id, "", [], len(req.prompt_ids), streamed, error=message)
 
     def _name(self, rid: str) -> str:
         return LOCAL if rid == LOCAL or self.membership is None else self.membership.name_of(rid)

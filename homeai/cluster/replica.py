@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Refusal:
-    """The replica did not take the request: ``kind`` is "full" (its class queue: retry elsewhere or 429),
-    "timeout" (503) or "invalid" (400)."""
+    """The replica did not take the request: ``kind`` is "full" (its class queue: placed elsewhere, or 429),
+    "timeout" (its queue timeout passed there: 503) or "invalid" (400). The front door also notes a replica
+    lost before the first token as "lost" (placed elsewhere, or 503)."""
 
     kind: str
     message: str

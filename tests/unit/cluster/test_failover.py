@@ -1,0 +1,105 @@
+"""The cluster gateway's placement loop on scripted replicas (no Ray): a full queue or a replica lost
+before the first token moves the request to another replica; a replica lost after it ends the stream with
+an error naming the node; a queue timeout there is a 503, not a second wait; with no replica left the
+client gets the refusal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+import yaml
+
+from homeai.cluster.cluster_gateway import ClusterGateway, ReplicaLostError
+from homeai.cluster.replica import Refusal, ReplicaRequest
+from homeai.cluster.router import ReplicaLoad
+from homeai.core.types import SamplingParams, TokenDelta
+from homeai.engine.errors import REPLICA_LOST, QueueTimeoutError, RequestError
+from homeai.policy.loader import parse_policy
+from homeai.policy.store import PolicyHolder
+from homeai.scheduling.class_queue import QueueFullError
+
+POLICY = {"classes": {"voice": {"kind": "llm", "model": "m", "priority": 0}}}
+TOKENS, LOST = "tokens", "lost"
+
+
+def gateway(scripts: dict[str, list[Any]]) -> ClusterGateway:
+    """Replicas "a" and "b"; each placement on a replica plays its next script entry: "tokens" (a full
+    answer), "lost" (the actor dies before a token), ("lost after", n) (it dies after n tokens), or a
+    Refusal."""
+    gw = ClusterGateway(PolicyHolder(parse_policy(yaml.safe_dump(POLICY), source="test")), serve_locally=False)
+    gw.router.set_interactive(["voice"])
+    loads = [ReplicaLoad(rid, node=rid, models=("m",)) for rid in scripts]
+    gw.replica_loads = lambda: list(loads)  # type: ignore[method-assign]
+
+    async def stream_from(rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        entry = scripts[rid].pop(0)
+        if isinstance(entry, Refusal):
+            yield entry
+            return
+        if entry == LOST:
+            raise ReplicaLostError("ActorDiedError")
+        n = entry[1] if isinstance(entry, tuple) else 3
+        for i in range(n):
+            yield TokenDelta(req.request_id, f"t{i}", [i], 3, i + 1,
+                             finish_reason="length" if entry == TOKENS and i == n - 1 else None)
+        if isinstance(entry, tuple):
+            raise ReplicaLostError("NodeDiedError")
+
+    gw._stream_from = stream_from  # type: ignore[method-assign]
+    gw._name = lambda rid: rid  # type: ignore[method-assign]
+    return gw
+
+
+def run(gw: ClusterGateway) -> list[TokenDelta]:
+    req = ReplicaRequest("r1", "m", "voice", [1, 2, 3], SamplingParams(max_tokens=3), "alice")
+
+    async def collect() -> list[TokenDelta]:
+        return [d async for d in gw._placed(req)]
+
+    return asyncio.run(collect())
+
+
+def test_a_replica_lost_before_the_first_token_is_replaced_by_another() -> None:
+    gw = gateway({"a": [LOST], "b": [TOKENS]})
+    deltas = run(gw)
+    assert deltas[-1].finish_reason == "length" and "".join(d.text for d in deltas) == "t0t1t2"
+    assert gw.served_by["r1"] == "b" and gw.outcomes["b", "served"] == 1
+
+
+def test_a_replica_lost_mid_stream_ends_it_with_an_error_naming_the_node() -> None:
+    gw = gateway({"a": [("lost after", 2)], "b": [("lost after", 2)]})
+    deltas = run(gw)
+    last = deltas[-1]
+    assert last.error is not None and last.error.startswith(REPLICA_LOST) and last.num_output_tokens == 2
+    assert f"node {gw.served_by['r1']} " in last.error
+    assert sum(gw.outcomes[rid, "failed"] for rid in ("a", "b")) == 1  # not placed again: it had streamed
+
+
+def test_a_full_queue_moves_the_request_and_all_full_is_429() -> None:
+    full = Refusal("full", "queue full", 2.0)
+    assert run(gateway({"a": [full], "b": [TOKENS]}))[-1].finish_reason == "length"
+    with pytest.raises(QueueFullError) as exc:
+        run(gateway({"a": [full], "b": [full]}))
+    assert exc.value.retry_after_s == 2.0
+
+
+def test_a_queue_timeout_there_is_503_and_a_bad_request_400() -> None:
+    with pytest.raises(QueueTimeoutError):
+        run(gateway({"a": [Refusal("timeout", "waited 5 s")], "b": [TOKENS]}))
+    with pytest.raises(RequestError):
+        run(gateway({"a": [Refusal("invalid", "unknown class")], "b": [TOKENS]}))
+
+
+def test_every_replica_lost_before_a_token_is_503() -> None:
+    with pytest.raises(QueueTimeoutError, match="no replica could take"):
+        run(gateway({"a": [LOST], "b": [LOST]}))
+
+
+def test_the_router_forgets_nothing_it_counted() -> None:
+    """Placements end in the router's books whatever happened, so a replica's load does not drift."""
+    gw = gateway({"a": [LOST], "b": [("lost after", 1)]})
+    run(gw)
+    assert all(not any(gw.router.placed_live(rid).values()) for rid in ("a", "b"))
