@@ -103,3 +103,17 @@ def test_the_router_forgets_nothing_it_counted() -> None:
     gw = gateway({"a": [LOST], "b": [("lost after", 1)]})
     run(gw)
     assert all(not any(gw.router.placed_live(rid).values()) for rid in ("a", "b"))
+
+
+def test_a_class_queue_limit_holds_across_the_cluster() -> None:
+    """voice holds 2 waiting requests in all: two replicas each publishing one queued refuse a third."""
+    doc = {"classes": {"voice": {"kind": "llm", "model": "m", "priority": 0,
+                                 "default_queue_policy": {"max_queue_size": 2}}}}
+    gw = gateway({"a": [TOKENS], "b": [TOKENS]})
+    gw.policy_holder.swap(parse_policy(yaml.safe_dump(doc), source="test"))
+    busy = [ReplicaLoad(rid, node=rid, models=("m",), queued={"voice": 1}) for rid in ("a", "b")]
+    gw.replica_loads = lambda: list(busy)  # type: ignore[method-assign]
+    with pytest.raises(QueueFullError):
+        run(gw)
+    busy[1].queued = {"voice": 0}
+    assert run(gw)[-1].finish_reason == "length"
