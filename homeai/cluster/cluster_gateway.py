@@ -134,7 +134,7 @@ class ClusterGateway(Gateway):
         while True:
             try:
                 placement = self.router.place(req.class_name, req.model, len(req.prompt_ids), prefix, loads,
-                                              exclude=tried)
+                                              exclude=tried, user=req.user)
             except NoReplicaError:
                 if refusal is not None and refusal.kind == "full":
                     raise QueueFullError(refusal.retry_after_s, req.class_name) from None
@@ -143,7 +143,7 @@ class ClusterGateway(Gateway):
             rid = placement.replica_id
             tried.add(rid)
             self._record_node(req.request_id, rid)
-            self.router.dispatched(rid, req.class_name, len(req.prompt_ids), prefix)
+            self.router.dispatched(rid, req.class_name, len(req.prompt_ids), prefix, req.user)
             first, streamed = False, 0
             try:
                 async for item in self._stream_from(rid, req):
@@ -180,7 +180,7 @@ class ClusterGateway(Gateway):
             except QueueFullError as exc:  # the local replica's queue: another replica may take it
                 refusal = Refusal("full", str(exc), exc.retry_after_s)
             finally:
-                self.router.ended(rid, req.class_name, len(req.prompt_ids), first)
+                self.router.ended(rid, req.class_name, len(req.prompt_ids), first, req.user)
             loads = self.replica_loads()
 
     def _charge(self, req: ReplicaRequest, input_tokens: int, output_tokens: int) -> None:
@@ -227,8 +227,9 @@ class ClusterGateway(Gateway):
                 item = await ref
                 done = isinstance(item, Refusal) or item.finished or item.error is not None
                 yield item
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError) as exc:
+        except ray.exceptions.ActorUnavailableError as exc:  # this stream is gone; the actor may not be
+            raise ReplicaLostError(type(exc).__name__) from exc
+        except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError) as exc:
             self.membership.lost(rid, "replica died")
             raise ReplicaLostError(type(exc).__name__) from exc
         finally:

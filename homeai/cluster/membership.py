@@ -194,9 +194,9 @@ class Membership:
         for replica_id, ref in pending.items():
             try:
                 data = ray.get(ref, timeout=LOAD_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                continue  # busy loading or a slow network: Ray's health check decides whether the node is gone
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
+                continue  # busy, or a network hiccup: Ray's health check decides whether the node is gone
+            except ray.exceptions.RayActorError as exc:
                 self._leave(replica_id, "replica died", str(exc))
                 continue
             self._loaded(replica_id, data)

@@ -57,6 +57,7 @@ class _Placed:
 
     waiting: dict[str, int] = field(default_factory=dict)
     live: dict[str, int] = field(default_factory=dict)
+    users: dict[str, int] = field(default_factory=dict)  # live requests by user
     prefixes: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
 
 
@@ -86,8 +87,12 @@ class Router:
 
     # ---- placing ---------------------------------------------------------------------------------
     def place(self, class_name: str, model: str, num_prompt_tokens: int, prefix: Sequence[BlockHash],
-              replicas: Sequence[ReplicaLoad], exclude: Iterable[str] = ()) -> Placement:
-        """The replica for one request (raises NoReplicaError when none alive serves ``model``)."""
+              replicas: Sequence[ReplicaLoad], exclude: Iterable[str] = (), user: str = "") -> Placement:
+        """The replica for one request (raises NoReplicaError when none alive serves ``model``). Between
+        replicas that would serve it equally soon, the one with fewest of ``user``'s requests: each user's
+        requests spread over the replicas, so every replica's queue holds every busy user and the shared
+        VTC counters can order them (a user whose requests all sat on one replica would get that replica
+        whatever their weight)."""
         excluded = set(exclude)
         candidates = [r for r in replicas if r.alive and r.ready and model in r.models
                       and r.replica_id not in excluded]
@@ -104,9 +109,9 @@ class Router:
             fits = compute <= r.free_kv_tokens
             if interactive:
                 behind_background = idle_exists and self._live_background(r.replica_id) > 0
-                key: tuple[float, ...] = (not fits, behind_background, ttft, -cached)
+                key: tuple[float, ...] = (not fits, behind_background, ttft, -cached, self._user_live(r, user))
             else:
-                key = (not fits, self.idle_score(r, class_name), ttft)
+                key = (not fits, self.idle_score(r, class_name), ttft, self._user_live(r, user))
             scored.append((key, r.replica_id, ttft, cached))
         _, rid, ttft, cached = min(scored)
         return Placement(rid, ttft, cached)
@@ -133,6 +138,10 @@ class Router:
                 + SAME_CLASS_WEIGHT * live.get(class_name, 0))
         return load * (r.base_s + r.row_s)
 
+    def _user_live(self, r: ReplicaLoad, user: str) -> int:
+        placed = self._placed.get(r.replica_id)
+        return placed.users.get(user, 0) if placed is not None else 0
+
     def _live_background(self, replica_id: str) -> int:
         return sum(n for c, n in self.placed_live(replica_id).items() if c not in self.interactive)
 
@@ -150,8 +159,9 @@ class Router:
 
     # ---- what was placed -------------------------------------------------------------------------
     def dispatched(self, replica_id: str, class_name: str, num_prompt_tokens: int,
-                   prefix: Sequence[BlockHash]) -> None:
+                   prefix: Sequence[BlockHash], user: str = "") -> None:
         placed = self._placed.setdefault(replica_id, _Placed())
+        placed.users[user] = placed.users.get(user, 0) + 1
         placed.waiting[class_name] = placed.waiting.get(class_name, 0) + 1
         placed.live[class_name] = placed.live.get(class_name, 0) + 1
         if class_name in self.interactive:
@@ -170,13 +180,15 @@ class Router:
         if class_name in self.interactive:
             self._waiting_tokens[replica_id] = max(0, self._waiting_tokens.get(replica_id, 0) - num_prompt_tokens)
 
-    def ended(self, replica_id: str, class_name: str, num_prompt_tokens: int, had_first_token: bool) -> None:
+    def ended(self, replica_id: str, class_name: str, num_prompt_tokens: int, had_first_token: bool,
+              user: str = "") -> None:
         placed = self._placed.get(replica_id)
         if placed is None:
             return
         if not had_first_token:
             self.first_token(replica_id, class_name, num_prompt_tokens)
         placed.live[class_name] = max(0, placed.live.get(class_name, 0) - 1)
+        placed.users[user] = max(0, placed.users.get(user, 0) - 1)
 
     def forget(self, replica_id: str) -> None:
         """A replica that left: its cache is gone with it (one that comes back starts cold)."""

@@ -162,7 +162,7 @@ class ClusterSim:
         cp = self.policy.classes[req.class_name]
         tokens = req.prompt_tokens if req.kind == "llm" else sum(req.input_tokens or [])
         try:
-            placed = self.router.place(req.class_name, cp.model, tokens, (), self.loads)
+            placed = self.router.place(req.class_name, cp.model, tokens, (), self.loads, user=req.user)
         except NoReplicaError:
             self._fail(origin, NO_REPLICA, now, [])
             return
@@ -176,7 +176,7 @@ class ClusterSim:
         attempt = Attempt(sent, origin, index, self.incarnation[index])
         origin.attempts.append(attempt)
         self._attempts[id(sent)] = attempt
-        self.router.dispatched(placed.replica_id, req.class_name, tokens, ())
+        self.router.dispatched(placed.replica_id, req.class_name, tokens, (), req.user)
         sim.post(sent)
 
     def _fail(self, origin: Origin, reason: str, now: float, tokens: list[float]) -> None:
@@ -201,7 +201,8 @@ class ClusterSim:
             return
         attempt.ended = True
         attempt.origin.end_s = now
-        self.router.ended(f"d{index}", rec.req.class_name, _tokens(rec.req), attempt.first_s is not None)
+        self.router.ended(f"d{index}", rec.req.class_name, _tokens(rec.req), attempt.first_s is not None,
+                          rec.req.user)
         self._background_ended(rec.req, now)
 
     # ---- the background jobs: closed-loop clients of the whole cluster ---------------------------

@@ -136,3 +136,16 @@ def test_bookkeeping_counts_waiting_until_the_first_token_and_live_until_the_end
     r.ended("a", "voice", 500, had_first_token=True)
     assert r.placed_live("a") == {"voice": 0}
     assert r.predict_ttft_s(a, 40) == pytest.approx(base)
+
+
+def test_each_users_requests_spread_over_equally_good_replicas() -> None:
+    """alice, bob, alice, bob ... at once: each replica gets both users (not one replica per user, which
+    would give each user a whole replica whatever their weights)."""
+    r = router()
+    reps = [replica("a"), replica("b")]
+    placed: dict[str, list[str]] = {"a": [], "b": []}
+    for user in ["alice", "bob"] * 4:
+        rid = r.place("chat", MODEL, 40, [], reps, user=user).replica_id
+        r.dispatched(rid, "chat", 40, [], user)
+        placed[rid].append(user)
+    assert sorted(placed["a"]) == sorted(placed["b"]) == ["alice", "alice", "bob", "bob"]
