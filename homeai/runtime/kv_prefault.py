@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import mmap
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 AHEAD_BLOCKS = 48  # populated past the highest block handed out: a 768-token prompt's worth
 CHUNK_BLOCKS = 4  # per madvise round: the thread checks for shutdown this often
+TRANSIENT_RETRIES = 5  # EINTR / EAGAIN: try again before giving the pool up to first-use faults
 MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels answer EINVAL and the pool faults as before
 
 
@@ -92,10 +95,15 @@ class KVPrefaulter:
             hi = lo + (end - start) * self._block_bytes
             lo, hi = lo - lo % page, hi + (-hi) % page
             assert self._madvise is not None
-            if self._madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_POPULATE_WRITE) != 0:
-                log.info("KV pool pages fault in on first use: madvise(MADV_POPULATE_WRITE) failed (errno %d)",
-                         ctypes.get_errno())
-                return False
+            for attempt in range(TRANSIENT_RETRIES + 1):
+                if self._madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_POPULATE_WRITE) == 0:
+                    break
+                err = ctypes.get_errno()
+                if err not in (errno.EINTR, errno.EAGAIN) or attempt == TRANSIENT_RETRIES:
+                    log.warning("KV pool pages fault in on first use: madvise(MADV_POPULATE_WRITE) failed (%s)",
+                                errno.errorcode.get(err, err))
+                    return False
+                time.sleep(0.01)  # interrupted or busy: the kernel asks to try again
         return True
 
 
