@@ -32,6 +32,9 @@ def resident_pages(t: torch.Tensor) -> int:
 
 def test_blocks_ahead_of_the_highest_handed_out_become_resident(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kv_prefault, "AHEAD_BLOCKS", 3)
+    # The thread runs at nice 19 in the product; here the suite's other threads (servers, a Ray driver) may
+    # keep both cores busy for a minute, and what is asserted is which blocks it populates, not its priority.
+    monkeypatch.setattr(kv_prefault.os, "setpriority", lambda *_args: None)
     # (Whether untouched pages read as non-resident depends on the kernel's huge pages: only populating is
     # asserted, and that it stops 3 blocks past the highest handed out.)
     cache = KVCache(num_layers=2, num_blocks=2048, block_size=16, num_kv_heads=2, head_dim=64,
