@@ -105,12 +105,7 @@ class ClusterGateway(Gateway):
     def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,
                  request_id: str | None = None, priority_level: int | None = None,
                  timeout_us: int | None = None, kind: str = "completion") -> AsyncGenerator[TokenDelta, None]:
-        cp = self.policy.classes[route.class_name]
-        if cp.max_prompt_tokens and len(prompt_ids) > cp.max_prompt_tokens:
-            raise RequestError(f"prompt has {len(prompt_ids)} tokens; class {route.class_name!r} allows "
-                               f"{cp.max_prompt_tokens}")
-        if cp.max_output_tokens:
-            params.max_tokens = min(params.max_tokens, cp.max_output_tokens)
+        self.apply_class_limits(route, prompt_ids, params)
         request_id = request_id or uuid.uuid4().hex
         req = ReplicaRequest(request_id, route.model, route.class_name, prompt_ids, params, user, priority_level,
                              timeout_us, kind)

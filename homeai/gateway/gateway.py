@@ -306,18 +306,22 @@ class Gateway:
         """Stream token deltas. Awaiting the first one raises RequestError (400) or QueueFullError
         (429) at once; a queue timeout arrives as a delta with ``error`` set (503). Metered: ``kind``
         (chat, completion, response) goes into the record."""
-        cp = self.policy.classes[route.class_name]
-        if cp.max_prompt_tokens and len(prompt_ids) > cp.max_prompt_tokens:
-            raise RequestError(f"prompt has {len(prompt_ids)} tokens; class {route.class_name!r} allows "
-                               f"{cp.max_prompt_tokens}")
-        if cp.max_output_tokens:
-            params.max_tokens = min(params.max_tokens, cp.max_output_tokens)
+        self.apply_class_limits(route, prompt_ids, params)
         engine = self.llm(route.model)
         request_id = request_id or uuid.uuid4().hex
         sub = Submission(request_id, kind, route.class_name, user, route.model, len(prompt_ids))
         stream = engine.generate(prompt_ids, params, request_id, route.class_name, user, priority_level or None,
                                  timeout_us or None)
         return self.meter.stream(sub, self._leased(route.model, stream))
+
+    def apply_class_limits(self, route: Route, prompt_ids: list[int], params: SamplingParams) -> None:
+        """The class's prompt limit (RequestError, 400) and output cap (``params.max_tokens`` lowered)."""
+        cp = self.policy.classes[route.class_name]
+        if cp.max_prompt_tokens and len(prompt_ids) > cp.max_prompt_tokens:
+            raise RequestError(f"prompt has {len(prompt_ids)} tokens; class {route.class_name!r} allows "
+                               f"{cp.max_prompt_tokens}")
+        if cp.max_output_tokens:
+            params.max_tokens = min(params.max_tokens, cp.max_output_tokens)
 
     async def _leased(self, model: str, stream: AsyncGenerator[TokenDelta, None]) -> AsyncGenerator[TokenDelta, None]:
         """The stream, with its model kept on the device until it ends (keep_alive counts from then)."""
