@@ -13,7 +13,6 @@ as the household has used it, plus ``AHEAD_BLOCKS``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import mmap
@@ -108,13 +107,18 @@ class KVPrefaulter:
 
 
 def _libc_madvise() -> Callable[[ctypes.c_void_p, ctypes.c_size_t, int], int] | None:
-    """libc's madvise (ctypes releases the GIL around it), or None off Linux."""
+    """libc's madvise (ctypes releases the GIL around it), or None off Linux.
+
+    Looked up in the symbols the process already has (``dlopen(NULL)``), not with
+    ``ctypes.util.find_library``, which runs ``ldconfig`` in a subprocess and answers None when that fails
+    (no free file descriptor, say): the pool would then fault on first use with nothing logged."""
     if not sys.platform.startswith("linux"):
         return None
-    name = ctypes.util.find_library("c")
-    if name is None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError) as exc:
+        log.warning("KV pool pages fault in on first use: libc's madvise not found (%s)", exc)
         return None
-    fn = ctypes.CDLL(name, use_errno=True).madvise
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
