@@ -103,6 +103,8 @@ class JobsScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.jobs: dict[int, JobView] = {}
+        self._polling = False  # a poll is under way; one asked meanwhile runs when it ends
+        self._poll_again = False
         self.available: bool | None = None
         self.last_action: Text | None = None
 
@@ -142,8 +144,28 @@ class JobsScreen(Screen[None]):
         self.last_action = Text(message, style=style)
         self.note(f"{len(self.jobs)} job(s)")
 
-    @work(exclusive=True, group="jobs-poll")
-    async def poll(self) -> None:
+    def poll(self) -> None:
+        """Lists the jobs and redraws them. Polls run one after another, never cancelled: an exclusive worker
+        cancelled inside ``_reconcile`` (a list item half mounted or removed) left the ListView waiting on
+        its children for good, and the screen stopped taking keys."""
+        if self._polling:
+            self._poll_again = True
+            return
+        self._polling = True
+        self._poll_worker()
+
+    @work(group="jobs-poll")
+    async def _poll_worker(self) -> None:
+        try:
+            while True:
+                self._poll_again = False
+                await self._poll_once()
+                if not self._poll_again:
+                    return
+        finally:
+            self._polling = False
+
+    async def _poll_once(self) -> None:
         try:
             jobs = await self.client.list_jobs()
         except JobsUnavailable:
