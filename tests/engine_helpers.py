@@ -85,6 +85,10 @@ class FakeRunner:
 def step(scheduler: StepScheduler, runner: Runner) -> tuple[StepPlan, list[Sequence]]:
     """One engine step: plan, execute, apply; checks block conservation after it."""
     plan = scheduler.schedule()
+    bm = scheduler.block_manager
+    for chunk in plan.chunks:  # sealed: each chunk carries the KV blocks the runner reads and writes
+        assert chunk.block_table == bm.block_table(chunk.seq_id)
+        assert len(chunk.block_table) * bm.block_size >= chunk.start + chunk.num_tokens
     output = runner.execute(plan, scheduler.seqs)
     touched = scheduler.update(plan, output)
     scheduler.block_manager.check_conserved()

@@ -71,7 +71,7 @@ def generate_greedy(model: LlamaModel, prompts: list[list[int]], num_tokens: int
     bm = BlockManager(num_blocks, block_size)
     cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.device,
                     model.dtype)
-    sched, runner = FCFSScheduler(bm, 2048, len(prompts)), ModelRunner(model, bm, cache)
+    sched, runner = FCFSScheduler(bm, 2048, len(prompts)), ModelRunner(model, cache)
     params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
     seqs = [Sequence(i, f"q{i}", p, params) for i, p in enumerate(prompts)]
     for seq in seqs:

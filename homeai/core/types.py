@@ -91,13 +91,16 @@ class ScheduledChunk:
 
     There is no prefill or decode phase: a decode is a chunk of one token at the end; a prefill is a
     chunk of the prompt. ``sample`` is true when the chunk reaches the end of the known tokens, so the
-    step must produce the sequence's next token.
+    step must produce the sequence's next token. ``block_table`` holds the sequence's KV block ids as the
+    plan leaves them (``StepScheduler.seal``): the runner reads and writes KV by them alone, so it never
+    looks into the block manager the scheduler owns (vLLM's ``SchedulerOutput`` carries block ids too).
     """
 
     seq_id: int
     start: int
     num_tokens: int
     sample: bool
+    block_table: list[int] = field(default_factory=list)  # set when the plan is complete
 
 
 @dataclass(slots=True)

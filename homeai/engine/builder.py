@@ -84,7 +84,7 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
         block_manager.on_block = cache.prefault.handed_out
     tokenizer = load_tokenizer(folder)
     stop_ids = eos_ids(folder, model, tokenizer)
-    runner = ModelRunner(model, block_manager, cache, GrammarCache(tokenizer, mc.vocab_size, stop_ids))
+    runner = ModelRunner(model, cache, GrammarCache(tokenizer, mc.vocab_size, stop_ids))
     if scheduler is None:
         scheduler = FCFSScheduler(block_manager, cfg.max_num_batched_tokens, cfg.max_num_seqs)
     else:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import StepOutput, StepPlan
 from homeai.runtime.decode_graph import CompiledDecode
@@ -33,10 +32,8 @@ class BatchInputs:
 class ModelRunner:
     """Owns the model, the KV cache tensors, per-sequence random generators and grammar matchers."""
 
-    def __init__(self, model: LlamaModel, block_manager: BlockManager, cache: KVCache,
-                 grammars: GrammarCache | None = None) -> None:
+    def __init__(self, model: LlamaModel, cache: KVCache, grammars: GrammarCache | None = None) -> None:
         self.model = model
-        self.block_manager = block_manager
         self.cache = cache
         self.device = model.device
         self.sampler = Sampler()
@@ -61,7 +58,7 @@ class ModelRunner:
         return gen
 
     def prepare(self, plan: StepPlan, seqs: dict[int, Sequence]) -> BatchInputs:
-        bs = self.block_manager.block_size
+        bs = self.cache.block_size
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -73,9 +70,11 @@ class ModelRunner:
         sample_seqs: list[Sequence] = []
         for chunk in plan.chunks:
             seq = seqs[chunk.seq_id]
-            table = self.block_manager.block_table(seq.seq_id)
+            table = chunk.block_table
             offset = len(ids)
             end = chunk.start + chunk.num_tokens
+            if len(table) * bs < end:  # a plan not sealed, or a scheduler that planned KV it did not allocate
+                raise ValueError(f"sequence {chunk.seq_id}: {len(table)} KV blocks for tokens up to {end}")
             ids.extend(seq.token_ids(chunk.start, end))
             for p in range(chunk.start, end):
                 pos.append(p)

@@ -416,7 +416,7 @@ class ClassScheduler(StepScheduler):
                 self._force_one_deferred(plan)
             self.shares.charge(self.classes.values(), plan, self.seqs)
             self._finish_plan(plan, now)
-            return plan
+            return self.seal(plan)
 
     def _share_of_step(self, state: LLMClassState) -> int:
         """The tokens a min_share pass may add beyond the latency margins: min_share of the step's time

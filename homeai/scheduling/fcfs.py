@@ -12,8 +12,11 @@ from collections import deque
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import ScheduledChunk, StepOutput, StepPlan
+from homeai.policy.schema import Policy
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.interface import StepScheduler
+from homeai.scheduling.step_budget import ClassTargets
+from homeai.scheduling.step_guard import PeerBounds
 
 
 class FCFSScheduler(StepScheduler):
@@ -39,6 +42,50 @@ class FCFSScheduler(StepScheduler):
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # ---- the batcher's questions: FCFS has no classes, targets or timeouts, so every sequence is alike:
+    # a step is worth running while anything waits or runs, and nothing is interactive to protect.
+    def next_wake_s(self, after: float | None = None) -> float | None:
+        return None  # no delay windows or timeouts: only new work wakes it
+
+    def can_step(self, now: float) -> bool:
+        return self.has_work()
+
+    def interactive_admission_ready(self, now: float) -> bool:
+        return self.has_work()
+
+    def has_waiting_interactive(self) -> bool:
+        return False
+
+    def admission_hold_s(self, now: float) -> float:
+        return 0.0
+
+    def interactive_active(self, now: float) -> bool:
+        return False
+
+    def running_itl_targets_s(self) -> list[float]:
+        return []
+
+    def next_step_s(self) -> float | None:
+        return None  # no cost model: the batcher assumes a full step budget
+
+    def margin_intervals_s(self) -> list[float]:
+        return []
+
+    def claim(self, now: float) -> int | None:
+        return 0 if self.can_step(now) else None
+
+    def interactive_targets(self, now: float) -> list[ClassTargets]:
+        return []
+
+    def bounds_for_peers(self, now: float) -> PeerBounds:
+        return PeerBounds([], [])
+
+    def drain_rejected(self) -> list[Sequence]:
+        return []  # nothing waits with a deadline
+
+    def apply_policy(self, policy: Policy) -> None:
+        return None  # a policy's classes and limits are the class scheduler's; FCFS keeps its budget
+
     def add(self, seq: Sequence) -> None:
         with self.lock:
             seq.status = SequenceStatus.WAITING
@@ -63,7 +110,7 @@ class FCFSScheduler(StepScheduler):
 
     def schedule(self) -> StepPlan:
         with self.lock:
-            return self._schedule()
+            return self.seal(self._schedule())
 
     def _schedule(self) -> StepPlan:
         plan = StepPlan()

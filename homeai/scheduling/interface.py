@@ -39,75 +39,77 @@ class StepScheduler(ABC):
         # lock only keeps a direct caller from another thread (a bench, a test) from tearing a step.
         self.lock = threading.RLock()
 
-    # ---- what the batcher asks: the whole contract, so it never probes with getattr -------------
+    # ---- what the batcher asks: the whole contract, so it never probes with getattr ---------------
+    # Every scheduler answers each question itself: no neutral default lets one satisfy the batcher
+    # while ignoring what it asks.
     # Queries: none of them mutates (the device thread may ask them any number of times per step).
+    @abstractmethod
     def next_wake_s(self, after: float | None = None) -> float | None:
         """When queued work may become ready (a delay window closing, a timeout due); None: only when
         work arrives. With ``after``, only times later than it: what an idle loop sleeps until."""
-        return None
 
+    @abstractmethod
     def can_step(self, now: float) -> bool:
         """True when ``schedule()`` at ``now`` has something to do: a running sequence, an admission
         whose delay window is open, a timeout to apply. False means an LLM step now would be empty."""
-        return self.has_work()
 
+    @abstractmethod
     def interactive_admission_ready(self, now: float) -> bool:
         """An interactive request may be admitted now (its first token is what its user waits for)."""
-        return self.has_work()
 
+    @abstractmethod
     def has_waiting_interactive(self) -> bool:
         """Interactive requests wait in a queue, or interactive tokens that are due wait for the next step
         (background embedding work must not slow the LLM)."""
-        return False
 
+    @abstractmethod
     def admission_hold_s(self, now: float) -> float:
         """How long the waiting interactive work (``has_waiting_interactive``) may still wait behind
         background work; 0: it goes next."""
-        return 0.0
 
+    @abstractmethod
     def interactive_active(self, now: float) -> bool:
         """Interactive work runs, or arrived recently enough that more is likely."""
-        return False
 
+    @abstractmethod
     def running_itl_targets_s(self) -> list[float]:
         """The inter-token-latency targets of the interactive classes with running sequences."""
-        return []
 
+    @abstractmethod
     def next_step_s(self) -> float | None:
         """The predicted length of the next LLM step while interactive classes decode (their latency
         margins bound what lower-class work adds to it); None: no prediction, assume a full step budget."""
-        return None
 
+    @abstractmethod
     def margin_intervals_s(self) -> list[float]:
         """For each running interactive class with a latency margin: the longest the time between two of
         its tokens may be, lower-class work between its steps included ((1 + margin) x its own step)."""
-        return []
 
+    @abstractmethod
     def claim(self, now: float) -> int | None:
         """The rank of the most important class a step now would serve (0 first; background classes rank
         after every interactive one, from ``BACKGROUND_RANK``); None: a step now would do nothing. With
         several models on the device, the model with the best claim steps first (``ModelSet``)."""
-        return 0 if self.can_step(now) else None
 
+    @abstractmethod
     def interactive_targets(self, now: float) -> list[ClassTargets]:
         """The latency targets of this scheduler's interactive classes: another model's steps on the same
         device are sized by them too (a voice request waits for whatever step runs when it arrives)."""
-        return []
 
+    @abstractmethod
     def bounds_for_peers(self, now: float) -> PeerBounds:
         """What this scheduler's classes put on the other models' steps on the same device: while its
         interactive classes are active, their arrival bounds (a latency margin's ``arrival_step_fraction``
         of the TTFT target: a request of theirs arriving during another model's step waits for it), and
         the deadlines of its running classes' next tokens (their ITL targets from its last step's end)."""
-        return PeerBounds([], [])
 
+    @abstractmethod
     def drain_rejected(self) -> list[Sequence]:
         """Sequences that timed out in a queue since the last call (finished: the engine answers them)."""
-        return []
 
+    @abstractmethod
     def apply_policy(self, policy: Policy) -> None:
-        """Take a new policy's limits from the next step (a plain scheduler has none to take)."""
-        return None
+        """Take a new policy's limits from the next step ."""
 
     @abstractmethod
     def add(self, seq: Sequence) -> None:
@@ -144,6 +146,15 @@ class StepScheduler(ABC):
 
     def get(self, seq_id: int) -> Sequence:
         return self.seqs[seq_id]
+
+    def seal(self, plan: StepPlan) -> StepPlan:
+        """Give each chunk of a complete plan its sequence's block ids (what its KV is read from and
+        written to); a schedule() returns its plan through this. The lists are the block manager's own,
+        not copies: nothing changes them between schedule() and update(), which runs on the same thread."""
+        tables = self.block_manager.block_table
+        for chunk in plan.chunks:
+            chunk.block_table = tables(chunk.seq_id)
+        return plan
 
     def _apply_chunk(self, seq: Sequence, num_tokens: int, sampled: int | None, now_s: float) -> bool:
         """Advance a sequence by one executed chunk; return True when it finished. Shared by schedulers."""

@@ -60,7 +60,7 @@ def make_stack(model: LlamaModel) -> tuple[FCFSScheduler, ModelRunner]:
     cfg = model.cfg
     bm = BlockManager(64, 16)
     cache = KVCache(cfg.num_layers, 64, 16, cfg.num_kv_heads, cfg.head_dim, model.device, model.dtype)
-    return FCFSScheduler(bm, 512, 8), ModelRunner(model, bm, cache)
+    return FCFSScheduler(bm, 512, 8), ModelRunner(model, cache)
 
 
 def greedy(n: int) -> SamplingParams:

@@ -72,7 +72,7 @@ def make_stack(model: LlamaModel, num_blocks: int = 128, block_size: int = 16,
     bm = BlockManager(num_blocks, block_size)
     cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.device,
                     model.dtype)
-    return FCFSScheduler(bm, budget, 64), ModelRunner(model, bm, cache)
+    return FCFSScheduler(bm, budget, 64), ModelRunner(model, cache)
 
 
 def run(model: LlamaModel, arrivals: list[tuple[int, list[int], SamplingParams]],

@@ -59,7 +59,7 @@ def build_tiny_engine(model: LlamaModel, num_blocks: int = 64, block_size: int =
     cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                     model.device, model.dtype)
     scheduler = FCFSScheduler(bm, max_num_batched_tokens, max_num_seqs)
-    return LLMEngine(ModelRunner(model, bm, cache), scheduler, LetterTokenizer(), [],
+    return LLMEngine(ModelRunner(model, cache), scheduler, LetterTokenizer(), [],
                      cfg.max_position_embeddings)
 
 

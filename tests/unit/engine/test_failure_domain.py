@@ -72,7 +72,7 @@ class Rig:
         policy = make_policy(64, 6, 4, 0)
         self.sched = ClassScheduler(BlockManager(64, 4), policy, self.clock)
         tiny = build_tiny_engine(model, num_blocks=64, block_size=4)
-        runner = ModelRunner(model, self.sched.block_manager, tiny.runner.cache)
+        runner = ModelRunner(model, tiny.runner.cache)
         self.runner = PoisonedRunner(runner, self.clock)
         self.engine = LLMEngine(self.runner, self.sched, LetterTokenizer(), [], 256)  # type: ignore[arg-type]
         self.batcher = Batcher(policy, self.sched, self.clock)

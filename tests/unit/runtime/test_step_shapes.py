@@ -62,7 +62,7 @@ class Stack:
         model = LlamaModel(cfg, small_weights(cfg), torch.device("cpu"), torch.float32, quantization)
         bm = BlockManager(NUM_BLOCKS, BLOCK)
         cache = KVCache(cfg.num_layers, NUM_BLOCKS, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.device, model.dtype)
-        runner = ModelRunner(model, bm, cache)
+        runner = ModelRunner(model, cache)
         if compiled:
             runner.compiled = CompiledDecode(model, cache, max_model_len=256, max_batch=COMPILED_BUCKETS[-1],
                                              cache_dir=cache_dir, buckets=COMPILED_BUCKETS)
@@ -72,8 +72,9 @@ class Stack:
 
     def logits(self, plan: StepPlan, seqs: dict[int, Sequence]) -> torch.Tensor:
         """The sampled rows' logits of ``plan``, through the runner's own prepare and forward."""
-        for chunk in plan.chunks:
+        for chunk in plan.chunks:  # this stack's blocks (a scheduler's seal() does the same)
             self.block_manager.allocate(chunk.seq_id, chunk.start + chunk.num_tokens)
+            chunk.block_table = self.block_manager.block_table(chunk.seq_id)
         logits, _ = self.runner._forward(self.runner.prepare(plan, seqs))
         return logits
 
