@@ -61,6 +61,10 @@ from homeai.scheduling.step_trace import StepTrace
 
 BACKGROUND_RANK = 1000  # background classes rank after every interactive class
 NO_RANK = 10 * BACKGROUND_RANK  # after every class
+# An interactive decode row that a more important class's latency margin keeps out of the step waits at
+# most this part of its own class's ITL target; then it runs in spite of the margin (the rest of the
+# target is for the step that carries it). Priority decides between voice and chat; it does not starve chat.
+DUE_ITL_FRACTION = 0.5
 # Below the most important class an admission leaves this much of the KV pool free: room for the next
 # voice request and the running decodes' next blocks without preempting (and so recomputing) anyone.
 ADMISSION_HEADROOM = 0.05
@@ -98,6 +102,7 @@ class ClassScheduler(StepScheduler):
         self.guard = StepGuard(self.step_cost, BACKGROUND_RANK)  # latency margins: lower-class work per step
         self._deferred: set[int] = set()  # decode rows a latency margin kept out of this step (so far)
         self._last_served: dict[int, int] = {}  # seq id -> the step that last ran a chunk of it
+        self._last_token_s: dict[int, float] = {}  # seq id -> when its last token came out (this clock)
         self._num_steps = 0
         self.last_step_s: float | None = None  # the last planned step's predicted length
         self._last_step_end_s: float | None = None  # when the last step's results came back
@@ -256,6 +261,7 @@ class ClassScheduler(StepScheduler):
     def _forget(self, seq: Sequence) -> None:
         self._num_reused.pop(seq.seq_id, None)
         self._last_served.pop(seq.seq_id, None)
+        self._last_token_s.pop(seq.seq_id, None)
         state = self.classes.get(seq.class_name)
         if seq in self.running:
             self.running.remove(seq)
@@ -389,7 +395,7 @@ class ClassScheduler(StepScheduler):
             self._deferred = set()
             self._shed_over_limits(plan)  # 0. lowered caps hold from this step
             self.shares.protect(self.classes.values(), self.running, self.block_manager, self.max_num_seqs)
-            self._schedule_decodes(plan)  # 1. every running decode: tokens are due, and cheap
+            self._schedule_decodes(plan, now)  # 1. every running decode: tokens are due, and cheap
             # Decodes may pass the latency budget, but must not take all of it: where even a short step
             # outlasts the targets (a slow or busy CPU), prompts keep MIN_STEP_TOKENS beside the decodes,
             # or a waiting voice request would not be admitted until enough decodes finished.
@@ -530,9 +536,11 @@ class ClassScheduler(StepScheduler):
     def _room(self, plan: StepPlan) -> int:
         return min(self._budget, self.max_num_batched_tokens) - plan.num_tokens
 
-    def _schedule_decodes(self, plan: StepPlan) -> None:
+    def _schedule_decodes(self, plan: StepPlan, now: float) -> None:
         """One token for every running sequence whose prompt is done, most important class first. They
-        may pass the latency budget (a due token never waits) but never ``max_num_batched_tokens``."""
+        may pass the latency budget (a due token never waits) but never ``max_num_batched_tokens``. Under
+        latency margins an interactive row a more important class's margin has no room for waits, but only
+        until it is due (``DUE_ITL_FRACTION`` of its own ITL target since its last token)."""
         order = sorted(self.running, key=lambda s: (self._rank(s), self._last_served.get(s.seq_id, 0),
                                                     s.arrival_s, s.seq_id))
         for seq in order:
@@ -542,11 +550,18 @@ class ClassScheduler(StepScheduler):
                 continue
             # Under latency margins a background row comes after the interactive prompts (its class's
             # pass), and a row a margin has no room for waits for a later step (least served first).
-            if self.guard.guarded and (self._is_background(seq) or not self._fits(seq, 1)):
+            if self.guard.guarded and (self._is_background(seq) or not (self._fits(seq, 1) or self._due(seq, now))):
                 self._deferred.add(seq.seq_id)
                 continue
             if self._grow(seq, 1, plan) == 1:
                 self._add_chunk(plan, seq, 1)
+
+    def _due(self, seq: Sequence, now: float) -> bool:
+        """The row has waited ``DUE_ITL_FRACTION`` of its class's ITL target since its last token."""
+        targets = self.classes[seq.class_name].policy.targets
+        last = self._last_token_s.get(seq.seq_id)
+        return targets is not None and bool(targets.itl_ms) and last is not None \
+            and now - last >= DUE_ITL_FRACTION * targets.itl_ms / 1000.0  # type: ignore[operator]
 
     def _is_background(self, seq: Sequence) -> bool:
         return self._rank(seq) >= BACKGROUND_RANK
@@ -797,6 +812,8 @@ class ClassScheduler(StepScheduler):
                 self._apply_chunk(seq, chunk.num_tokens, sampled, now)
                 if sampled is not None:
                     touched.append(seq)
+                    if not seq.status.is_finished:
+                        self._last_token_s[seq.seq_id] = now
             return touched
 
     def share_counters(self, counters: Mapping[str, Mapping[str, float]]) -> None:
