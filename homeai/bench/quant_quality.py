@@ -70,7 +70,7 @@ def generate_greedy(model: LlamaModel, prompts: list[list[int]], num_tokens: int
     num_blocks = sum(-(-(len(p) + num_tokens) // block_size) for p in prompts) + 1
     bm = BlockManager(num_blocks, block_size)
     cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.device,
-                    model.dtype)
+                    model.kv_dtype)
     sched, runner = FCFSScheduler(bm, 2048, len(prompts)), ModelRunner(model, cache)
     params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
     seqs = [Sequence(i, f"q{i}", p, params) for i, p in enumerate(prompts)]
@@ -92,7 +92,7 @@ def stream_logits(model: LlamaModel, prompt: list[int], continuation: list[int])
     the int8 kernel differs between decode-sized and prompt-sized inputs)."""
     cfg, dev = model.cfg, model.device
     n = len(prompt) + len(continuation)
-    cache = KVCache(cfg.num_layers, -(-n // 16), 16, cfg.num_kv_heads, cfg.head_dim, dev, model.dtype)
+    cache = KVCache(cfg.num_layers, -(-n // 16), 16, cfg.num_kv_heads, cfg.head_dim, dev, model.kv_dtype)
     ids = torch.tensor(prompt + continuation, device=dev)
     p = len(prompt)
     rows = torch.arange(p, device=dev)

@@ -94,7 +94,7 @@ class _Stack:
         num_blocks = num_seqs * -(-max_len // block_size) + 1
         bm = BlockManager(num_blocks, block_size)
         cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.device,
-                        model.dtype)
+                        model.kv_dtype)
         self.sched, self.runner = FCFSScheduler(bm, 4096, num_seqs), ModelRunner(model, cache)
         if compiled:  # only the bucket this stack decodes in, compiled now (not timed)
             bucket = next(b for b in BUCKETS if b >= num_seqs)

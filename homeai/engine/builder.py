@@ -76,9 +76,9 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
     weights = choose_weights_format(cfg.quantization, folder, device)
     model = LlamaModel.from_folder(folder, device, dtype, weights.quantization)
     mc = model.cfg
-    per_block = KVCache.bytes_per_block(mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+    per_block = KVCache.bytes_per_block(mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, model.kv_dtype)
     num_blocks = max(1, cfg.kv_cache_mb * 2**20 // per_block)
-    cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim, device, dtype)
+    cache = KVCache(mc.num_layers, num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim, device, model.kv_dtype)
     block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, model=folder.name)
     if cache.prefault is not None:
         block_manager.on_block = cache.prefault.handed_out
@@ -97,8 +97,9 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
         runner.compiled.start()  # in the background: decode steps run eager until their bucket is ready
     engine = LLMEngine(runner, scheduler, tokenizer, stop_ids, max_len)
     engine.weights = weights
-    log.info("LLM %s ready on %s/%s (weights %s: %s) in %.2fs: %d KV blocks of %d tokens", folder.name, device,
-             dtype, weights.quantization, weights.reason, time.perf_counter() - t0, num_blocks, cfg.block_size)
+    log.info("LLM %s ready on %s/%s (weights %s: %s) in %.2fs: %d KV blocks of %d tokens (%s)", folder.name,
+             device, dtype, weights.quantization, weights.reason, time.perf_counter() - t0, num_blocks,
+             cfg.block_size, str(model.kv_dtype).removeprefix("torch."))
     return engine
 
 

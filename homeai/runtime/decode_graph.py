@@ -141,11 +141,11 @@ def decode_forward(model: LlamaModel, cos: torch.Tensor, sin: torch.Tensor, inpu
         new_kv = torch.stack((qk[:, h:], qkv[:, qk_size:].view(b, kvh, d)), 1)  # [B, 2, kvh, d]
         # On the base tensor with a layer index: Inductor writes in place (a write into ``kv[li]``, a view,
         # would make it copy the whole cache).
-        kv.index_put_((torch.full_like(slot_mapping, li), slot_mapping), new_kv)
+        kv.index_put_((torch.full_like(slot_mapping, li), slot_mapping), new_kv.to(kv.dtype))
         if model.paged_attention is not None:  # the native kernel reads the context where it lies
             attn = model.paged_attention(qk[:, :h], kv, li, ctx_slots, ctx_lens)
         else:
-            ctx = kv[li][ctx_slots]  # [B, L, 2, kvh, d]
+            ctx = kv[li][ctx_slots].to(qk.dtype)  # [B, L, 2, kvh, d]
             attn = F.scaled_dot_product_attention(qk[:, :h].reshape(b, kvh, h // kvh, d),
                                                   ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2),
                                                   attn_mask=mask)

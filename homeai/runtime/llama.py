@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from homeai.runtime.device import release_free_memory
-from homeai.runtime.kv_cache import KVCache
+from homeai.runtime.kv_cache import KVCache, kv_cache_dtype
 from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
 from homeai.runtime.quant import Linear, make_linear
 
@@ -135,6 +135,12 @@ class LlamaModel(torch.nn.Module):
             from homeai.runtime.kernels import decode_attention
 
             self.paged_attention = decode_attention()
+        self.kv_dtype = kv_cache_dtype(dtype, quantization, self.paged_attention is not None)
+        # Prompt chunks attend in bfloat16 where their matmuls already take bfloat16 activations (quantized
+        # weights on a CPU): SDPA's CPU kernel runs bfloat16 on AMX, 2.6x float32's speed at a 256-token
+        # chunk over 1,536 tokens of context (43 % of a long prompt's time in float32).
+        self.prompt_attention_dtype = torch.bfloat16 if device.type == "cpu" and quantization != "none" \
+            and torch.backends.cpu.get_cpu_capability() == "AVX512" else dtype
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -221,7 +227,7 @@ class LlamaModel(torch.nn.Module):
                 o = self.paged_attention(qd.reshape(bd, h, d), cache.kv, li, meta.decode_slots, meta.decode_lens)
             else:
                 assert meta.decode_slots is not None  # the runner sets it with decode_token_idx
-                ctx = cache.gather(li, meta.decode_slots)  # [Bd, L, 2, kvh, d]
+                ctx = cache.gather(li, meta.decode_slots).to(q.dtype)  # [Bd, L, 2, kvh, d]
                 o = F.scaled_dot_product_attention(qd, ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2),
                                                    attn_mask=meta.decode_mask)
             if meta.all_decode:
@@ -230,20 +236,21 @@ class LlamaModel(torch.nn.Module):
             out[meta.decode_token_idx] = o.reshape(bd, h, d)
         else:
             out = torch.empty_like(q)
+        at = self.prompt_attention_dtype
         for chunk in meta.prefills:
             sl = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-            qp = q[sl].transpose(0, 1).unsqueeze(0)  # [1, h, n, d]
+            qp = q[sl].transpose(0, 1).unsqueeze(0).to(at)  # [1, h, n, d]
             if chunk.context_slots is None:  # a first chunk sees only itself: causal, no gather
-                kp, vp = kv[sl, 0], kv[sl, 1]
+                kp, vp = kv[sl, 0].to(at), kv[sl, 1].to(at)
                 o = F.scaled_dot_product_attention(qp, kp.transpose(0, 1).unsqueeze(0),
                                                    vp.transpose(0, 1).unsqueeze(0),
                                                    is_causal=True, enable_gqa=True)
             else:
-                ctx = cache.gather(li, chunk.context_slots)  # [L, 2, kvh, d]
+                ctx = cache.gather(li, chunk.context_slots).to(at)  # [L, 2, kvh, d]
                 o = F.scaled_dot_product_attention(qp, ctx[:, 0].transpose(0, 1).unsqueeze(0),
                                                    ctx[:, 1].transpose(0, 1).unsqueeze(0),
                                                    attn_mask=chunk.mask, enable_gqa=True)
-            out[sl] = o.squeeze(0).transpose(0, 1)
+            out[sl] = o.squeeze(0).transpose(0, 1)  # (copied back in q's dtype)
         return out
 
 

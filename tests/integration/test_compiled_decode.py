@@ -59,7 +59,7 @@ def prompts(pulled_models: dict[str, Path]) -> list[list[int]]:
 def make_stack(model: LlamaModel) -> tuple[FCFSScheduler, ModelRunner]:
     cfg = model.cfg
     bm = BlockManager(64, 16)
-    cache = KVCache(cfg.num_layers, 64, 16, cfg.num_kv_heads, cfg.head_dim, model.device, model.dtype)
+    cache = KVCache(cfg.num_layers, 64, 16, cfg.num_kv_heads, cfg.head_dim, model.device, model.kv_dtype)
     return FCFSScheduler(bm, 512, 8), ModelRunner(model, cache)
 
 

@@ -71,7 +71,7 @@ def make_stack(model: LlamaModel, num_blocks: int = 128, block_size: int = 16,
     cfg = model.cfg
     bm = BlockManager(num_blocks, block_size)
     cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, model.device,
-                    model.dtype)
+                    model.kv_dtype)
     return FCFSScheduler(bm, budget, 64), ModelRunner(model, cache)
 
 

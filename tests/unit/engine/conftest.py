@@ -57,7 +57,7 @@ def build_tiny_engine(model: LlamaModel, num_blocks: int = 64, block_size: int =
     cfg = model.cfg
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching, model="tiny")
     cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-                    model.device, model.dtype)
+                    model.device, model.kv_dtype)
     scheduler = FCFSScheduler(bm, max_num_batched_tokens, max_num_seqs)
     return LLMEngine(ModelRunner(model, cache), scheduler, LetterTokenizer(), [],
                      cfg.max_position_embeddings)

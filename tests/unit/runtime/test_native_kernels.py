@@ -141,10 +141,14 @@ def sdpa_reference(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.T
 
 
 @needs_avx512
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "d"), [(9, 3, 64), (32, 8, 64), (8, 8, 128), (14, 2, 64)])
-def test_decode_attention_matches_gather_and_sdpa(native: object, heads: int, kv_heads: int, d: int) -> None:
+def test_decode_attention_matches_gather_and_sdpa(native: object, heads: int, kv_heads: int, d: int,
+                                                  cache_dtype: torch.dtype) -> None:
+    """Any cache type: its values, widened exactly to float32, give what float64 SDPA gives on them."""
     gen = torch.Generator().manual_seed(heads * d)
-    kv = torch.randn(3, 700, 2, kv_heads, d, generator=gen) * 2  # scores spread wide: a peaked softmax too
+    # scores spread wide: a peaked softmax too
+    kv = (torch.randn(3, 700, 2, kv_heads, d, generator=gen) * 2).to(cache_dtype)
     lens = torch.tensor([1, 5, 16, 17, 150, 200])  # one token, partial and whole vector tails, full rows
     slots = torch.randint(0, 700, (6, 200), generator=gen)
     q = torch.randn(6, heads, d, generator=gen)

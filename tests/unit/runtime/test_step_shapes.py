@@ -61,7 +61,7 @@ class Stack:
         cfg = small_config()
         model = LlamaModel(cfg, small_weights(cfg), torch.device("cpu"), torch.float32, quantization)
         bm = BlockManager(NUM_BLOCKS, BLOCK)
-        cache = KVCache(cfg.num_layers, NUM_BLOCKS, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.device, model.dtype)
+        cache = KVCache(cfg.num_layers, NUM_BLOCKS, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.device, model.kv_dtype)
         runner = ModelRunner(model, cache)
         if compiled:
             runner.compiled = CompiledDecode(model, cache, max_model_len=256, max_batch=COMPILED_BUCKETS[-1],
