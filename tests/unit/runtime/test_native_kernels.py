@@ -142,7 +142,7 @@ def sdpa_reference(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.T
 
 @needs_avx512
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(9, 3, 64), (32, 8, 64), (8, 8, 128), (14, 2, 64)])
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(9, 3, 64), (32, 8, 64), (8, 8, 128), (14, 2, 64), (12, 1, 64)])
 def test_decode_attention_matches_gather_and_sdpa(native: object, heads: int, kv_heads: int, d: int,
                                                   cache_dtype: torch.dtype) -> None:
     """Any cache type: its values, widened exactly to float32, give what float64 SDPA gives on them."""
@@ -158,6 +158,27 @@ def test_decode_attention_matches_gather_and_sdpa(native: object, heads: int, kv
     slots[:, 150:] = 0  # what lies past a row's length is never read
     torch.testing.assert_close(torch.ops.homeai.decode_attention(q, kv, 2, slots, short),
                                sdpa_reference(q, kv, 2, slots, short), rtol=1e-4, atol=1e-5)
+
+
+@needs_avx512
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_decode_attention_splits_long_rows_across_threads_and_merges_them(native: object,
+                                                                          cache_dtype: torch.dtype) -> None:
+    """One row of 1,700 positions (spans of 256 and more, on every thread) beside short ones: the spans'
+    partial softmaxes merge into the whole row's."""
+    gen = torch.Generator().manual_seed(5)
+    kv = (torch.randn(2, 2048, 2, 3, 64, generator=gen) * 2).to(cache_dtype)
+    lens = torch.tensor([1700, 3, 257])
+    slots = torch.randperm(2048, generator=gen)[:1700].repeat(3, 1)
+    q = torch.randn(3, 9, 64, generator=gen) * 2
+    for threads in (1, 2):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            got = torch.ops.homeai.decode_attention(q, kv, 1, slots, lens)
+        finally:
+            torch.set_num_threads(before)
+        torch.testing.assert_close(got, sdpa_reference(q, kv, 1, slots, lens), rtol=1e-4, atol=1e-5)
 
 
 @needs_avx512
