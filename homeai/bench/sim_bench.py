@@ -28,9 +28,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
                    help="household: ours vs FIFO and priority; all or a trace name: the acceptance figures "
                         "(voice TTFT p99 vs the same trace without background, ITL vs target, lost requests, "
                         "background service vs its min_share, preemptions, futile ones, wasted tokens), each "
-                        "trace with a 4,096-block KV pool and with the server's default 364 (household-real: "
-                        "the server's household, at 364 blocks only); node-leaves: one house on two devices "
-                        "behind the router, the second leaving at a third of the horizon and returning at two "
+                        "trace with a 4,096-block KV pool and with the server's default 364 for float32 weights "
+                        "(household-real: the server's household, at 364 blocks only); node-leaves: one house on two "
+                        "devices behind the router, the second leaving at a third of the horizon and returning at two "
                         "thirds (lost requests, voice's recovery, failed and retried requests)")
     p.add_argument("--devices", type=_ints, default=None,
                    help="with --trace household: comma-separated device counts (e.g. 1,2,4,8): N houses on N "

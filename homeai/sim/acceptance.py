@@ -17,9 +17,10 @@ Each trace runs twice: with its background work and without it (the "idle" run).
   and ``wasted_tokens`` (computed, then thrown away by a preemption), in the run with background.
 
 Every trace runs with the 4,096-block KV pool the traces were written for, and again as
-``NAME@kv364``: the pool the server gets by default (``kv_cache_mb`` 256, SmolLM2-135M in float32: 364
-blocks of 16 tokens), where KV pressure, not the step budget, decides who runs. A request that could
-never fit the pool (a 6,000-token chat prompt in 364 x 16 tokens) is refused, as the engine refuses it.
+``NAME@kv364``: the pool the server gives float32 weights by default (``kv_cache_mb`` 256, SmolLM2-135M with
+a float32 cache: 364 blocks of 16 tokens; the default int4 weights keep a float16 cache, 728 blocks), where
+KV pressure, not the step budget, decides who runs. A request that could never fit the pool (a 6,000-token
+chat prompt in 364 x 16 tokens) is refused, as the engine refuses it.
 
 ``household-real`` (``--trace household-real``) is the server's household as ``homeai bench serve`` sends
 it (12 summaries of 1,500 tokens in flight, outputs forced) and runs only at the server's pool, with the
@@ -45,7 +46,7 @@ from homeai.sim.trace import TRACE_SETTINGS, TRACES, TraceRequest, TraceSettings
 ACCEPTANCE_TRACES = ("household", "cold-background", "index-start", "long-chat-prompts",
                      "search-during-background-window")
 TRACE_KV_BLOCKS = 4096  # the pool the traces were written for
-SERVER_KV_BLOCKS = 364  # the server's default pool: kv_cache_mb 256 of SmolLM2-135M float32 KV, 16-token blocks
+SERVER_KV_BLOCKS = 364  # the tighter default pool: kv_cache_mb 256 of SmolLM2-135M float32 KV (int4's float16: 728)
 
 
 def _run(policy: Policy, cost: CostModel, trace: list[TraceRequest], horizon_s: float, kv_blocks: int,

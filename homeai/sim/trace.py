@@ -147,7 +147,7 @@ def household_real(horizon_s: float = 120.0, seed: int = 0, background: bool = T
     and with ``background`` 12 summaries of 1,500-token documents (256 tokens) kept in flight (the
     simulator's closed loop keeps ``REAL_SUMMARIES_IN_FLIGHT`` outstanding); every output runs to its
     max_tokens. No searches and no indexing. Deterministic: ``seed`` is unused. Meant for the server's
-    default KV pool (364 blocks) and the cpu-135m profile (``TRACE_SETTINGS``)."""
+    default KV pool for float32 weights (364 blocks) and the cpu-135m profile (``TRACE_SETTINGS``)."""
     del seed
     reqs = [TraceRequest(t, "voice", "llm", "kitchen", 40, 32) for t in _every(2.0, 0.5, horizon_s)]
     reqs += [TraceRequest(t, "chat", "llm", "phone", 100, 128) for t in _every(5.0, 1.0, horizon_s)]
@@ -184,7 +184,8 @@ TRACES = {"household": _household, "cold-background": cold_background, "index-st
           "long-chat-prompts": long_chat_prompts, "search-during-background-window": search_during_background_window,
           "household-real": household_real, "household-two-models": household_two_models}
 # household-real is the server's household at its defaults: 364 KV blocks (kv_cache_mb 256, SmolLM2-135M
-# in float32), 12 summaries in flight, SmolLM2-135M's costs on a 2-core CPU.
+# with a float32 cache; the int4 default's float16 cache holds 728, less pressure), 12 summaries in flight,
+# SmolLM2-135M's costs on a 2-core CPU.
 TRACE_SETTINGS = {"household-real": TraceSettings(kv_blocks=364, background_in_flight=REAL_SUMMARIES_IN_FLIGHT,
                                                   profile="cpu-135m"),
                   # voice on a 1B model, chat and the summaries on an 8B one, both on one 24 GB card
