@@ -103,7 +103,13 @@ def run_kernel_bench(args: argparse.Namespace) -> int:
     import sys
 
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
-    out = run_kernels(LlamaConfig(**SHAPES[args.shape]), [int(r) for r in args.rows.split(",")], args.repeats, log)
+    cfg = LlamaConfig(**SHAPES[args.shape])
+    if args.attention:
+        from homeai.bench.attention_bench import parse_shapes, run_attention
+
+        out = run_attention(cfg, parse_shapes(args.attention), args.repeats, log)
+    else:
+        out = run_kernels(cfg, [int(r) for r in args.rows.split(",")], args.repeats, log)
     if args.json:
         print(json.dumps(out))
     return 0

@@ -46,6 +46,8 @@ def add_bench_commands(subparsers: Any) -> None:
     p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose weight shapes")
     p.add_argument("--rows", default="1,2,4,8,16,32,64", help="activation rows (decode batch sizes)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--attention", metavar="ROWSxCONTEXT,...",
+                   help="the decode-attention kernel instead, per cache type (e.g. 1x1700,12x1700,16x200)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_kernels)
     p = kinds.add_parser("prefix", help="prefix caching: warm vs cold TTFT of a long system prompt, a voice trace")

@@ -133,8 +133,9 @@ def float_linear() -> Callable[..., torch.Tensor] | None:
 
 def decode_attention() -> Callable[..., torch.Tensor] | None:
     """``op(q [B, heads, d], kv [layers, slots, 2, kv_heads, d], layer, slots [B, L], lens [B]) -> [B, heads,
-    d]`` (float32 CPU tensors, d 64 or 128): one query per row against its context read from the paged
-    cache, or None where it cannot be built or this CPU lacks AVX-512."""
+    d]`` (CPU tensors, q float32, the cache float32, float16 or bfloat16, d 64 or 128): one query per row
+    against its context read from the paged cache, or None where it cannot be built or this CPU lacks
+    AVX-512."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.decode_attention.default

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from homeai.bench.kernel_bench import run_kernels, weight_shapes
@@ -27,3 +28,21 @@ def test_every_kernel_reported_per_row_count() -> None:
     assert all(v > 0 for v in row.values())
     assert out["int8_mb"] == sum(n * k for n, k in weight_shapes(TINY)) / 1e6
     assert torch.get_num_threads() == out["threads"]
+
+
+def test_attention_reported_per_shape_and_cache_type() -> None:
+    from homeai.bench.attention_bench import parse_shapes, run_attention
+    from homeai.runtime.kernels import decode_attention
+
+    if decode_attention() is None:
+        pytest.skip("the native decode-attention kernel is not available here")
+    shape = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=128, num_layers=2, num_heads=6,
+                        num_kv_heads=2, head_dim=64)
+    lines: list[str] = []
+    out = run_attention(shape, parse_shapes("1x40,3x17"), repeats=1, log=lines.append)
+    assert list(out["steps"]) == ["1x40", "3x17"] and len(lines) == 2
+    step = out["steps"]["3x17"]
+    assert set(step) == {"float32_ms", "float32_gb_s", "float16_ms", "float16_gb_s"}
+    assert all(v > 0 for v in step.values())
+    # the same rows read half the bytes from a float16 cache
+    assert step["float16_gb_s"] * step["float16_ms"] * 2 == pytest.approx(step["float32_gb_s"] * step["float32_ms"])
