@@ -36,7 +36,7 @@ slot: it would take what that one waits for, and be preempted for it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
@@ -90,6 +90,20 @@ class LLMClassState:
         return self.policy.priority + (BACKGROUND_RANK if self.policy.background else 0)
 
 
+@dataclass(slots=True)
+class StepContext:
+    """What one ``schedule()`` call works out as it plans, read by its passes: a new one every step, so
+    nothing of it carries into the next by accident. The last step's stays readable between steps: the
+    batcher asks which interactive rows a margin kept out of it (``deferred``)."""
+
+    interactive_now: bool = False  # interactive work runs, waits or was seen lately (the house is active)
+    limit_s: float | None = None  # the step's time bound by the interactive targets (None: none)
+    budget: int = 0  # the step's token budget
+    blocked_rank: int = NO_RANK  # the most important class refused KV or a slot in this step
+    reserved_slots: int = 0  # sequence slots interactive admissions leave to owed background shares
+    deferred: set[int] = field(default_factory=set)  # decode rows a latency margin kept out (so far)
+
+
 class ClassScheduler(StepScheduler):
     """Plans LLM steps over the LLM classes of a policy (see the module docstring)."""
 
@@ -100,7 +114,6 @@ class ClassScheduler(StepScheduler):
         self.step_cost = step_cost or StepCostModel()
         self._in_flight: tuple[float, int, int, int] | None = None  # (start, tokens, rows, context)
         self.guard = StepGuard(self.step_cost, BACKGROUND_RANK)  # latency margins: lower-class work per step
-        self._deferred: set[int] = set()  # decode rows a latency margin kept out of this step (so far)
         self._last_served: dict[int, int] = {}  # seq id -> the step that last ran a chunk of it
         self._last_token_s: dict[int, float] = {}  # seq id -> when its last token came out (this clock)
         self._num_steps = 0
@@ -108,8 +121,7 @@ class ClassScheduler(StepScheduler):
         self._last_step_end_s: float | None = None  # when the last step's results came back
         self._trace = StepTrace.from_env()  # HOMEAI_STEP_TRACE: a line per step, predicted and measured
         self._last_own_s: dict[int, float] = {}  # rank -> last step's predicted length with work of ranks <= it
-        self._budget = policy.scheduler.max_num_batched_tokens
-        self._limit_s: float | None = None  # this step's time bound by the interactive targets (None: none)
+        self._step = StepContext(budget=policy.scheduler.max_num_batched_tokens)  # the step planned last
         self.shares = ShareGuard()  # min_share: credit, share-holding sequences, tokens taken on shares
         if block_manager is not None:
             self.block_manager = block_manager
@@ -120,13 +132,10 @@ class ClassScheduler(StepScheduler):
         self.rejected: list[Sequence] = []  # timed out in a queue (REJECT): the engine fails them
         self.num_preemptions = 0
         self._top_rank = 0  # the most important class's rank
-        self._blocked_rank = NO_RANK  # this step: the most important class refused KV or a slot
-        self._reserved_slots = 0  # sequence slots interactive admissions leave to owed background shares
         self.num_futile_preemptions = 0  # preemptions that did not make the room they were made for
         self.num_wasted_tokens = 0  # computed tokens thrown away by preemptions
         self._num_reused: dict[int, int] = {}  # seq id -> prompt tokens its admission found cached
         self.last_interactive_s = float("-inf")  # last time an interactive class had work
-        self._interactive_now = False
         # The interactive targets of the other models on this device (``ModelSet``): a step here delays
         # their requests too, so it is sized by their targets as by this model's own.
         self.peer_targets: Callable[[], list[ClassTargets]] | None = None
@@ -310,7 +319,7 @@ class ClassScheduler(StepScheduler):
         rows a latency margin kept out of the last step wait for the next (their tokens are due)."""
         with self.lock:
             return any(len(s.queue) for s in self.classes.values() if not s.policy.background) \
-                or any(self._rank(s) < BACKGROUND_RANK and (s.seq_id in self._deferred or (
+                or any(self._rank(s) < BACKGROUND_RANK and (s.seq_id in self._step.deferred or (
                     s.num_pending_tokens > 1 and self.classes[s.class_name].policy.latency_margin is not None))
                     for s in self.running)
 
@@ -339,7 +348,7 @@ class ClassScheduler(StepScheduler):
                 if any(s.num_preemptions for s in prefills):
                     return 0.0
                 hold = min(hold, bound - (now - min(arrivals)))
-            if any(self._rank(s) < BACKGROUND_RANK for s in self.running if s.seq_id in self._deferred):
+            if any(self._rank(s) < BACKGROUND_RANK for s in self.running if s.seq_id in self._step.deferred):
                 return 0.0
             return max(0.0, hold)
 
@@ -378,13 +387,12 @@ class ClassScheduler(StepScheduler):
             self._drop_retired()
             if any(s.num_running or len(s.queue) for s in self.classes.values() if not s.policy.background):
                 self.last_interactive_s = now
-            self._interactive_now = self.interactive_active(now)
+            step = self._step = StepContext(interactive_now=self.interactive_active(now))
             targets = self._step_targets()
-            self._limit_s = step_time_limit(targets)
-            self._budget = step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
+            step.limit_s = step_time_limit(targets)
+            step.budget = step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
             self.shares.start_step()
             plan = StepPlan()
-            self._blocked_rank = NO_RANK
             self.guard.cost = self.step_cost
             margins = self._margin_classes()
             peers = self.peer_bounds() if self.peer_bounds is not None else None
@@ -392,33 +400,32 @@ class ClassScheduler(StepScheduler):
                 margins += peers.margins
             deadlines = self._deadlines(now) + (peers.deadlines if peers is not None else [])
             self.guard.start(margins, deadlines if margins else None)
-            self._deferred = set()
             self._shed_over_limits(plan)  # 0. lowered caps hold from this step
             self.shares.protect(self.classes.values(), self.running, self.block_manager, self.max_num_seqs)
             self._schedule_decodes(plan, now)  # 1. every running decode: tokens are due, and cheap
             # Decodes may pass the latency budget, but must not take all of it: where even a short step
             # outlasts the targets (a slow or busy CPU), prompts keep MIN_STEP_TOKENS beside the decodes,
             # or a waiting voice request would not be admitted until enough decodes finished.
-            self._budget = max(self._budget, min(self.max_num_batched_tokens, plan.num_tokens + MIN_STEP_TOKENS))
-            owed = self.shares.owed(self.classes.values(), self._budget, self.max_num_batched_tokens)
+            step.budget = max(step.budget, min(self.max_num_batched_tokens, plan.num_tokens + MIN_STEP_TOKENS))
+            owed = self.shares.owed(self.classes.values(), step.budget, self.max_num_batched_tokens)
             by_rank = sorted(self.classes.values(), key=lambda c: c.rank)
             interactive = [c for c in by_rank if not c.policy.background]
             # 2. interactive work first, leaving this step's share of the budget to the owed background
             # classes (their rate, never a burst of credit: a voice prompt never waits behind that)
-            leave = self.shares.reserve_tokens(owed, self._budget)
-            self._reserved_slots = self.shares.reserve_slots(owed, self.max_num_seqs)
+            leave = self.shares.reserve_tokens(owed, step.budget)
+            step.reserved_slots = self.shares.reserve_slots(owed, self.max_num_seqs)
             for state in interactive:
                 self._serve_class(plan, state, now, limit=None, for_share=False, leave=leave)
-            self._reserved_slots = 0
+            step.reserved_slots = 0
             for state in owed:  # 3. background classes owed their min_share (its rate passes the margins)
-                rate = min(self.shares.credit(state), int(state.policy.min_share * self._budget),
+                rate = min(self.shares.credit(state), int(state.policy.min_share * step.budget),
                            self._share_of_step(state))
                 self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True, rate=rate)
             blunt = self._blunt_background_limit()
             for state in by_rank:  # 4. what is left, by class importance
-                limit = self.shares.background_limit(state, self._budget, self._interactive_now) if blunt else None
+                limit = self.shares.background_limit(state, step.budget, step.interactive_now) if blunt else None
                 self._serve_class(plan, state, now, limit=limit, for_share=False)
-            if plan.is_empty and self._deferred:  # the bounds never leave a step with running work empty
+            if plan.is_empty and step.deferred:  # the bounds never leave a step with running work empty
                 self._force_one_deferred(plan)
             self.shares.charge(self.classes.values(), plan, self.seqs)
             self._finish_plan(plan, now)
@@ -430,9 +437,10 @@ class ClassScheduler(StepScheduler):
         budget instead is a share of decode rows: on a CPU a prompt token costs many times a row, and 5 %
         of a 2,048-token budget taken as a summary's prompt chunk tripled voice's steps."""
         per = self.step_cost.prompt_token_s + self.step_cost.per_ctx_s  # type: ignore[operator]
-        if self._limit_s is None or per <= 0:
+        limit_s = self._step.limit_s
+        if limit_s is None or per <= 0:
             return self.max_num_batched_tokens
-        return max(1, int(min(state.policy.min_share, 1.0) * self._limit_s / per))
+        return max(1, int(min(state.policy.min_share, 1.0) * limit_s / per))
 
     def _finish_plan(self, plan: StepPlan, now: float) -> None:
         """What the next step and the batcher learn from this plan: when each sequence last ran, the
@@ -456,7 +464,7 @@ class ClassScheduler(StepScheduler):
                 continue
             fraction = p.arrival_fraction
             arrival = None
-            if fraction is not None and self._interactive_now and not c.retired:
+            if fraction is not None and self._step.interactive_now and not c.retired:
                 arrival = fraction * p.targets.ttft_ms / 1000.0  # type: ignore[operator]
             out.append(MarginClass(c.rank, p.latency_margin, arrival))
         return out
@@ -485,11 +493,11 @@ class ClassScheduler(StepScheduler):
                    for c in self.classes.values())
 
     def _force_one_deferred(self, plan: StepPlan) -> None:
-        for seq in sorted((s for s in self.running if s.seq_id in self._deferred),
+        for seq in sorted((s for s in self.running if s.seq_id in self._step.deferred),
                           key=lambda s: (self._rank(s), self._last_served.get(s.seq_id, 0), s.arrival_s, s.seq_id)):
             if seq.status == SequenceStatus.RUNNING and self._grow(seq, 1, plan) == 1:
                 self._add_chunk(plan, seq, 1)
-                self._deferred.discard(seq.seq_id)
+                self._step.deferred.discard(seq.seq_id)
                 return
 
     def _expire(self, now: float) -> None:
@@ -517,7 +525,7 @@ class ClassScheduler(StepScheduler):
         return step_token_budget(self.step_cost, self.max_num_batched_tokens, self._step_targets())
 
     def _step_targets(self) -> list[ClassTargets]:
-        targets = self._targets(self._interactive_now)
+        targets = self._targets(self._step.interactive_now)
         if self.peer_targets is not None:
             targets += self.peer_targets()
         return targets
@@ -534,7 +542,7 @@ class ClassScheduler(StepScheduler):
                 for c in self.classes.values() if not c.policy.background and (not c.retired or c.num_running)]
 
     def _room(self, plan: StepPlan) -> int:
-        return min(self._budget, self.max_num_batched_tokens) - plan.num_tokens
+        return min(self._step.budget, self.max_num_batched_tokens) - plan.num_tokens
 
     def _schedule_decodes(self, plan: StepPlan, now: float) -> None:
         """One token for every running sequence whose prompt is done, most important class first. They
@@ -551,7 +559,7 @@ class ClassScheduler(StepScheduler):
             # Under latency margins a background row comes after the interactive prompts (its class's
             # pass), and a row a margin has no room for waits for a later step (least served first).
             if self.guard.guarded and (self._is_background(seq) or not (self._fits(seq, 1) or self._due(seq, now))):
-                self._deferred.add(seq.seq_id)
+                self._step.deferred.add(seq.seq_id)
                 continue
             if self._grow(seq, 1, plan) == 1:
                 self._add_chunk(plan, seq, 1)
@@ -635,8 +643,8 @@ class ClassScheduler(StepScheduler):
             return r
 
         mine = [s for s in self.running if s.class_name == state.name]
-        if self._deferred:  # decode rows: past the budget as all decodes, within the margins and limit
-            for seq in sorted((s for s in mine if s.seq_id in self._deferred),
+        if self._step.deferred:  # decode rows: past the budget as all decodes, within the margins and limit
+            for seq in sorted((s for s in mine if s.seq_id in self._step.deferred),
                               key=lambda s: (self._last_served.get(s.seq_id, 0), s.arrival_s, s.seq_id)):
                 if plan.num_tokens >= self.max_num_batched_tokens or (limit is not None and taken >= limit):
                     break
@@ -646,7 +654,7 @@ class ClassScheduler(StepScheduler):
                     continue
                 if self._grow(seq, 1, plan) == 1:
                     self._take_tokens(plan, seq, 1, for_share)
-                    self._deferred.discard(seq.seq_id)
+                    self._step.deferred.discard(seq.seq_id)
                     taken += 1
         for seq in sorted(mine, key=lambda s: (s.arrival_s, s.seq_id)):
             if seq.num_pending_tokens == 1:
@@ -670,7 +678,7 @@ class ClassScheduler(StepScheduler):
             seq = item.payload  # a Sequence: what the engine queues in an LLM class
             cached = self.block_manager.lookup(seq)  # a prefix whose KV is cached is not computed again
             n = min(seq.num_pending_tokens - cached, room(cached))
-            if n <= 0 or seq.seq_id in plan.preempted or state.rank >= self._blocked_rank:
+            if n <= 0 or seq.seq_id in plan.preempted or state.rank >= self._step.blocked_rank:
                 return  # no room within the margins; preempted this step: not back in it; or what it
                 # needs, a waiting sequence needs
             if not self._make_room(seq, cached + n, state, plan):
@@ -740,7 +748,7 @@ class ClassScheduler(StepScheduler):
             plan.chunks.remove(chunk)
             self.shares.took(seq.class_name, -chunk.num_tokens)
             self.guard.add(state.rank, -chunk.num_tokens, -1, -(chunk.start + chunk.num_tokens))
-        self._deferred.discard(seq.seq_id)
+        self._step.deferred.discard(seq.seq_id)
         item = seq.queue_item
         assert isinstance(item, QueuedItem)
         item.deadline_s = None  # the queue timeout bounds the wait before service, not a requeue
@@ -758,7 +766,7 @@ class ClassScheduler(StepScheduler):
         the most important class it also leaves ADMISSION_HEADROOM of the pool free, the room the
         next voice request and the running decodes need without preempting anyone."""
         bm = self.block_manager
-        need_slot = len(self.running) >= self.max_num_seqs - self._reserved_slots
+        need_slot = len(self.running) >= self.max_num_seqs - self._step.reserved_slots
         whole = max(n, seq.num_tokens + 1)  # a waiting sequence has no KV: all its tokens, the next one's
         headroom = 0
         if state.rank > self._top_rank:  # never more than the pool leaves beside the whole request
@@ -783,7 +791,7 @@ class ClassScheduler(StepScheduler):
     def _note_blocked(self, rank: int) -> None:
         """A sequence of class rank ``rank`` was refused KV or a slot this step: no admission of a class
         as or less important may take what it waits for (it would only be preempted again)."""
-        self._blocked_rank = min(self._blocked_rank, rank)
+        self._step.blocked_rank = min(self._step.blocked_rank, rank)
 
     # ---- results ---------------------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:

@@ -189,7 +189,7 @@ def test_a_background_share_may_pass_the_margin_by_its_rate_only() -> None:
     while voice.status == SequenceStatus.RUNNING:
         plan = h.step()
         per_step.append(tokens_of_class(h, plan, "summarize"))
-        rate = int(0.25 * h.sched._budget)
+        rate = int(0.25 * h.sched._step.budget)
         assert tokens_of_class(h, plan, "summarize") <= max(rate, h.sched.step_cost.tokens_within(
             1.15 * step_s(h, plan, {"voice"})))
     assert sum(per_step) > 0
