@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #pragma GCC push_options
@@ -82,7 +83,7 @@ inline float dot(const float* a, const T* b) {
 }
 
 // One (sequence, KV head) for any number of query heads per KV head (a runtime count: accumulators in
-// memory), two passes (scores, then values). Models with 1-8 take ``row_span``.
+// memory), two passes (scores, then values). Float32 and float16 caches with 1-4 or 8 take ``row_span``.
 template <int D, typename T>
 void one_head_any(const float* q, const T* kv_layer, const int64_t* slots, int64_t len, int64_t kv_heads,
               int64_t h, int group, float scale, float* out, std::vector<float>& scores) {
@@ -300,17 +301,20 @@ void run_any(const float* q, const T* kv_layer, const int64_t* slots, const int6
 template <int D, typename T>
 void run(const float* q, const T* kv_layer, const int64_t* slots, const int64_t* lens, float* out,
          int64_t B, int64_t L, int64_t heads, int64_t kv_heads) {
-  switch (heads / kv_heads) {  // query heads per KV head: 1-8 with their accumulators in registers
-    case 1: run_spans<D, 1>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    case 2: run_spans<D, 2>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    case 3: run_spans<D, 3>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    case 4: run_spans<D, 4>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    case 5: run_spans<D, 5>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    case 6: run_spans<D, 6>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    case 7: run_spans<D, 7>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    case 8: run_spans<D, 8>(q, kv_layer, slots, lens, out, B, L, kv_heads); break;
-    default: run_any<D>(q, kv_layer, slots, lens, out, B, L, heads, kv_heads);
+  // The one-pass kernel is compiled for the caches served (float32 weights' float32, quantized weights'
+  // float16) and the usual query heads per KV head (1-4, 8: SmolLM2 3, Llama 3 4); each instance costs
+  // seconds of the first build. Anything else (a bfloat16 cache, other groups) takes the two-pass kernel.
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::Half>) {
+    switch (heads / kv_heads) {
+      case 1: run_spans<D, 1>(q, kv_layer, slots, lens, out, B, L, kv_heads); return;
+      case 2: run_spans<D, 2>(q, kv_layer, slots, lens, out, B, L, kv_heads); return;
+      case 3: run_spans<D, 3>(q, kv_layer, slots, lens, out, B, L, kv_heads); return;
+      case 4: run_spans<D, 4>(q, kv_layer, slots, lens, out, B, L, kv_heads); return;
+      case 8: run_spans<D, 8>(q, kv_layer, slots, lens, out, B, L, kv_heads); return;
+      default: break;
+    }
   }
+  run_any<D>(q, kv_layer, slots, lens, out, B, L, heads, kv_heads);
 }
 
 }  // namespace
