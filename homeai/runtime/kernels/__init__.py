@@ -61,8 +61,8 @@ def _build() -> None:
         return x.new_empty(x.shape[0], q.shape[0])
 
     @torch.library.register_fake("homeai::int4_linear")
-    def _int4(x: torch.Tensor, q: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], q.shape[0])
+    def _int4(x: torch.Tensor, q: torch.Tensor, sz: torch.Tensor, int8_activations: bool) -> torch.Tensor:
+        return x.new_empty(x.shape[0], q.shape[0] * 16)
 
     @torch.library.register_fake("homeai::float_linear")
     def _float(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -108,8 +108,10 @@ def int8_to_bf16() -> Callable[..., None] | None:
 
 
 def int4_linear() -> Callable[..., torch.Tensor] | None:
-    """``op(x [M, K] float32, q [N, K/2] uint8, sz [N, K/32, 2] bfloat16) -> [M, N] float32``: Q4_1-style
-    groups of 32 (``int4_linear.cpp``), or None where it cannot be built or this CPU lacks AVX-512."""
+    """``op(x [M, K] float32, q [N/16, K/32, 256] uint8, sz [N/16, K/32, 32] float16, int8_activations) ->
+    [M, N] float32``: Q4_1's groups of 32 in tiles of 16 rows (``int4_linear.cpp``, ``quant.tile_q4_1``;
+    int8_activations: VNNI where the CPU has it), or None where it cannot be built or this CPU lacks
+    AVX-512."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.int4_linear.default

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from homeai.runtime import kernels
 from homeai.runtime.quant import (
-    INT4_NATIVE_MAX_ROWS,
     NATIVE_MAX_ROWS,
     Int8Linear,
     Linear,
@@ -230,22 +229,41 @@ def test_without_the_native_kernel_torchs_kernels_serve(monkeypatch: pytest.Monk
 
 
 @needs_avx512
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 17, 32, 33, 64])
-def test_int4_layer_matches_its_dequantized_weights(rows: int) -> None:
-    """Int4Linear's paths (int8 activations through VNNI up to 4 rows, float32 activations up to 32,
-    bfloat16 weights above) against the float64 product with the weights the groups describe."""
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 24, 25, 33, 64, 65, 80])
+@pytest.mark.parametrize("k", [576, 1536, 96])
+def test_int4_layer_matches_its_dequantized_weights(rows: int, k: int) -> None:
+    """Int4Linear's kernels against the float64 product with the weights the groups describe: int8
+    activations (VNNI) and float32 activations for every row count, and the layer's own choice (up to
+    INT4_NATIVE_MAX_ROWS the native kernel, above it bfloat16 weights), on SmolLM2's two K and an odd one."""
     from homeai.runtime.quant import Int4Linear, quantize_q4_1
 
-    torch.manual_seed(rows)
-    w = torch.randn(96, 576)
+    torch.manual_seed(rows + k)
+    w = torch.randn(96, k)
     layer = make_linear(w, None, "int4", CPU, torch.float32)
     assert isinstance(layer, Int4Linear) and layer._native is not None
     q, dm = quantize_q4_1(w)
     dequant = q.double().view(96, -1, 32) * dm[..., 0, None].double() + dm[..., 1, None].double()
-    x = torch.randn(rows, 576)
-    want = x.double() @ dequant.view(96, 576).T
-    got = layer(x).double()
-    # int8 activations in groups of 32 (as llama.cpp's Q8): 1/254 of each group's range; bfloat16 weights:
-    # 2^-9 of each weight; float32 activations: rounding only
-    rel = 2e-2 if rows <= 4 or rows > INT4_NATIVE_MAX_ROWS else 1e-5
-    assert (got - want).abs().max() <= rel * want.abs().max(), rows
+    x = torch.randn(rows, k)
+    want = x.double() @ dequant.view(96, k).T
+    scale = want.abs().max()
+    # int8 activations in groups of 32 (as llama.cpp's Q8): 1/254 of each group's range; float32: rounding
+    int8_act = layer._native(x, layer.weight, layer.scales_zeros, True).double()
+    float_act = layer._native(x, layer.weight, layer.scales_zeros, False).double()
+    assert (int8_act - want).abs().max() <= 2e-2 * scale, rows
+    assert (float_act - want).abs().max() <= 1e-5 * scale, rows
+    # the layer: bfloat16 weights above the native kernel's rows (2^-9 of each weight)
+    assert (layer(x).double() - want).abs().max() <= 2e-2 * scale, rows
+    assert torch.allclose(layer._weight_bf16().double(), dequant.view(96, k), rtol=2 ** -8, atol=0)
+
+
+@needs_avx512
+def test_int4_kernel_rejects_a_layout_it_does_not_read(native: object) -> None:
+    from homeai.runtime.quant import Int4Linear
+
+    layer = make_linear(torch.randn(32, 64), None, "int4", CPU, torch.float32)
+    assert isinstance(layer, Int4Linear)
+    op, x = torch.ops.homeai.int4_linear, torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match=r"q \[N/16, K/32, 256\]"):
+        op(x, layer.weight.view(32, 32), layer.scales_zeros, True)  # the row-major blocks, not tiles
+    with pytest.raises(RuntimeError, match=r"sz \[N/16, K/32, 32\]"):
+        op(x, layer.weight, layer.scales_zeros.view(32, 2, 2), True)
