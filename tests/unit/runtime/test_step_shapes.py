@@ -141,3 +141,26 @@ def test_the_compiled_variants_served_compiled_steps(stacks: dict[str, Stack]) -
     for name, stack in stacks.items():
         if name.endswith("-compiled"):
             assert stack.runner.compiled_steps > 0, name
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_small_prompt_chunks_beside_a_decode_run_compiled(stacks: dict[str, Stack], quantization: str) -> None:
+    """A decode row beside a 2-token chunk in mid-prompt (it samples nothing): every token is a decode row,
+    so the bucket of four serves the step and its one sampled row is picked out of the bucket's logits."""
+    ref, under_test = stacks["none"], stacks[f"{quantization}-compiled"]
+    seqs = {0: Sequence(0, "a", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=2)),
+            1: Sequence(1, "b", list(range(40, 52)), SamplingParams(temperature=0.0, max_tokens=2))}
+    try:
+        first = StepPlan([ScheduledChunk(0, 0, 3, sample=True), ScheduledChunk(1, 0, 8, sample=False)])
+        token = int(ref.logits(first, seqs).argmax(-1))
+        under_test.logits(first, seqs)
+        seqs[0].output_token_ids.append(token)
+        mixed = StepPlan([ScheduledChunk(0, 3, 1, sample=True), ScheduledChunk(1, 8, 2, sample=False)])
+        before = under_test.runner.compiled_steps
+        want, got = ref.logits(mixed, seqs), under_test.logits(mixed, seqs)
+        assert under_test.runner.compiled_steps == before + 1
+        assert got.shape == want.shape == (1, VOCAB)
+        assert (got - want).abs().max().item() <= TOLERANCE[quantization] * want.abs().max().item()
+    finally:
+        ref.forget(seqs)
+        under_test.forget(seqs)
