@@ -35,6 +35,7 @@ slot: it would take what that one waits for, and be preempted for it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ from homeai.scheduling.min_share import ShareGuard, share_protected
 from homeai.scheduling.preemption import blocks_freed, blocks_short, importance, plan_victims, victim_order
 from homeai.scheduling.step_budget import (
     INTERACTIVE_HORIZON_S,
+    ITL_STEP_FRACTION,
     MIN_STEP_TOKENS,
     ClassTargets,
     StepCostModel,
@@ -98,6 +100,7 @@ class StepContext:
 
     interactive_now: bool = False  # interactive work runs, waits or was seen lately (the house is active)
     limit_s: float | None = None  # the step's time bound by the interactive targets (None: none)
+    itl_limit_s: float | None = None  # the bound by their ITL targets alone (what a decode step may last)
     budget: int = 0  # the step's token budget
     blocked_rank: int = NO_RANK  # the most important class refused KV or a slot in this step
     reserved_slots: int = 0  # sequence slots interactive admissions leave to owed background shares
@@ -390,6 +393,8 @@ class ClassScheduler(StepScheduler):
             step = self._step = StepContext(interactive_now=self.interactive_active(now))
             targets = self._step_targets()
             step.limit_s = step_time_limit(targets)
+            itls = [ITL_STEP_FRACTION * t.itl_s for t in targets if t.itl_s]
+            step.itl_limit_s = min(itls) if itls else None
             step.budget = step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
             self.shares.start_step()
             plan = StepPlan()
@@ -418,9 +423,8 @@ class ClassScheduler(StepScheduler):
                 self._serve_class(plan, state, now, limit=None, for_share=False, leave=leave)
             step.reserved_slots = 0
             for state in owed:  # 3. background classes owed their min_share (its rate passes the margins)
-                rate = min(self.shares.credit(state), int(state.policy.min_share * step.budget),
-                           self._share_of_step(state))
-                self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True, rate=rate)
+                self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True,
+                                  share_s=self._share_seconds(state))
             blunt = self._blunt_background_limit()
             for state in by_rank:  # 4. what is left, by class importance
                 limit = self.shares.background_limit(state, step.budget, step.interactive_now) if blunt else None
@@ -431,16 +435,22 @@ class ClassScheduler(StepScheduler):
             self._finish_plan(plan, now)
             return self.seal(plan)
 
-    def _share_of_step(self, state: LLMClassState) -> int:
-        """The tokens a min_share pass may add beyond the latency margins: min_share of the step's time
-        bound (``step_time_limit``) in the class's prompt tokens, at least one. A share of the token
-        budget instead is a share of decode rows: on a CPU a prompt token costs many times a row, and 5 %
-        of a 2,048-token budget taken as a summary's prompt chunk tripled voice's steps."""
-        per = self.step_cost.prompt_token_s + self.step_cost.per_ctx_s  # type: ignore[operator]
+    def _share_seconds(self, state: LLMClassState) -> float:
+        """The time a min_share pass may add beyond the latency margins: min_share of the step's time bound
+        (``step_time_limit``), its tokens priced as every row is (a prompt token, and the context it
+        reads). A share of the token budget instead is a share of decode rows: on a CPU a prompt token
+        costs many times a row, and 5 % of a 2,048-token budget taken as a summary's prompt chunk tripled
+        voice's steps; a share in tokens without their context let four summary tokens at 1,700 tokens of
+        context (~2.3 ms each, the cache they read) into every voice step: voice's 12th token at 2.2x its
+        quiet-house time."""
         limit_s = self._step.limit_s
-        if limit_s is None or per <= 0:
-            return self.max_num_batched_tokens
-        return max(1, int(min(state.policy.min_share, 1.0) * limit_s / per))
+        if limit_s is None:
+            return math.inf
+        if self.guard.prompt_guarded and self._step.itl_limit_s is not None:
+            # A guarded class's prompt is in the step, bounded by its TTFT target (a longer bound than a
+            # decode step's): the share stays what a decode step of the house would give it.
+            limit_s = min(limit_s, self._step.itl_limit_s)
+        return min(state.policy.min_share, 1.0) * limit_s
 
     def _finish_plan(self, plan: StepPlan, now: float) -> None:
         """What the next step and the batcher learn from this plan: when each sequence last ran, the
@@ -623,23 +633,27 @@ class ClassScheduler(StepScheduler):
         return n
 
     def _serve_class(self, plan: StepPlan, state: LLMClassState, now: float, limit: int | None,
-                     for_share: bool, leave: int = 0, rate: int = 0) -> None:
+                     for_share: bool, leave: int = 0, share_s: float = 0.0) -> None:
         """Decode rows a latency margin kept out of the step so far (least recently served first), then
         prompt chunks for the class's running prefills, then its admissions, within the room left in the
         budget less ``leave`` tokens (and ``limit`` tokens, for a min_share pass) and within the latency
         margins of the more important classes in the step (``StepGuard``; a min_share pass may pass them
-        by ``rate`` tokens, its share of this step). Going class by class pauses a less important class's
-        running prefill while a more important class waits."""
+        by ``share_s`` seconds, its share of this step). Going class by class pauses a less important
+        class's running prefill while a more important class waits."""
         taken = 0
+        share_from = self.guard.seconds()
+
+        def beyond() -> float:  # seconds this pass may still pass the margins by
+            return max(0.0, share_s - (self.guard.seconds() - share_from)) if for_share else 0.0
 
         def room(start: int | None = None, planned: int = 0) -> int:
             r = self._room(plan) - leave
             if limit is not None:
                 r = min(r, limit - taken)
             if start is not None and self.guard.guarded:
-                fit = self.guard.tokens_fit(state.rank, start, planned)
+                fit = self.guard.tokens_fit(state.rank, start, planned, extra_s=beyond())
                 if fit is not None:
-                    r = min(r, max(fit, rate - taken) if for_share else fit)
+                    r = min(r, fit)
             return r
 
         mine = [s for s in self.running if s.class_name == state.name]
@@ -648,9 +662,8 @@ class ClassScheduler(StepScheduler):
                               key=lambda s: (self._last_served.get(s.seq_id, 0), s.arrival_s, s.seq_id)):
                 if plan.num_tokens >= self.max_num_batched_tokens or (limit is not None and taken >= limit):
                     break
-                fit = self.guard.tokens_fit(state.rank, seq.num_computed_tokens, 0, decode=True)
-                if seq.status != SequenceStatus.RUNNING or (
-                        fit is not None and fit < 1 and not (for_share and taken < rate)):
+                fit = self.guard.tokens_fit(state.rank, seq.num_computed_tokens, 0, decode=True, extra_s=beyond())
+                if seq.status != SequenceStatus.RUNNING or (fit is not None and fit < 1):
                     continue
                 if self._grow(seq, 1, plan) == 1:
                     self._take_tokens(plan, seq, 1, for_share)

@@ -15,7 +15,8 @@ work only up to ``arrival_step_fraction`` of their TTFT target (never below a st
 rows), or to the interactive work already in it if that is longer.
 
 ``StepGuard`` keeps, per step, the work planned by class rank and answers how many more tokens a row of
-a given class may add. A min_share pass may pass the bound by its rate (``ShareGuard.reserve_tokens``):
+a given class may add. A min_share pass may pass the bound by its share of the step's time (each of its
+tokens priced with its context, as every row is here; ``ClassScheduler._share_seconds``):
 a share is a guarantee.
 """
 
@@ -84,6 +85,12 @@ class StepGuard:
     def add(self, rank: int, tokens: int, rows: int, ctx: int) -> None:
         self.by_rank.setdefault(rank, Work()).add(Work(tokens, rows, ctx))
 
+    @property
+    def prompt_guarded(self) -> bool:
+        """A guarded class has prompt tokens in the step (more tokens than rows)."""
+        return any(c.margin is not None and (w := self.by_rank.get(c.rank)) is not None and w.tokens > w.rows
+                   for c in self.classes)
+
     def seconds(self, max_rank: int | None = None) -> float:
         """Predicted length of the step with the work of ranks up to ``max_rank`` (None: all of it)."""
         w = Work()
@@ -117,15 +124,17 @@ class StepGuard:
                 cap = min(cap, max(c.arrival_s, self.floor_s(), self.seconds(self.background_rank - 1)))
         return cap
 
-    def tokens_fit(self, rank: int, start: int, planned: int, decode: bool = False) -> int | None:
+    def tokens_fit(self, rank: int, start: int, planned: int, decode: bool = False,
+                   extra_s: float = 0.0) -> int | None:
         """How many tokens a row of class rank ``rank`` may add to the step within the bounds (None: no
         bound). ``start``: where its chunk starts in its sequence; ``planned``: tokens of it already in
-        the step (0: a new row, which also costs the row); ``decode``: it is a decode row."""
+        the step (0: a new row, which also costs the row); ``decode``: it is a decode row; ``extra_s``:
+        seconds it may pass the bounds by (a min_share pass's share of the step)."""
         cap = self.cap_s(rank, decode)
-        if cap == math.inf:
+        if cap == math.inf or extra_s == math.inf:
             return None
         c = self.cost
-        left = cap - self.seconds() + 1e-12
+        left = cap + extra_s - self.seconds() + 1e-12
         per = c.prompt_token_s + c.per_ctx_s  # type: ignore[operator]
         if planned:
             return max(0, int(left / per))
