@@ -8,7 +8,10 @@ from ollama import Client, ResponseError
 
 pytestmark = pytest.mark.slow
 LLM, EMBEDDING = "smollm2-135m-instruct", "all-minilm-l6-v2"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# The answer's first token is a near tie in float32 itself ("The" -1.88 against "L" -1.97 for the bare
+# question): "Answer in one sentence." leaves every token of the greedy answer 0.86 nats or more ahead, so
+# int4's rounding and a cached prompt's other kernels give the same answer.
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 GREEDY = {"temperature": 0, "num_predict": 8}
 # What Home Assistant's Ollama integration sends when it exposes the house to the model.
 HA_TOOLS = [{"type": "function", "function": {
@@ -64,7 +67,7 @@ def test_chat_with_tools_answers_in_plain_text(client: Client) -> None:
 
 
 def test_generate(client: Client) -> None:
-    whole = client.generate(model=LLM, prompt="What is the capital of France?", options=GREEDY)
+    whole = client.generate(model=LLM, prompt=QUESTION[0]["content"], options=GREEDY)
     assert "Paris" in whole.response and whole.done
     raw = "".join(p.response for p in client.generate(model=LLM, prompt="The capital of France is", raw=True,
                                                        options=GREEDY, stream=True))

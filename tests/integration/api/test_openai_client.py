@@ -9,7 +9,10 @@ from openai import OpenAI
 
 pytestmark = pytest.mark.slow
 LLM, EMBEDDING = "smollm2-135m-instruct", "all-minilm-l6-v2"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# The answer's first token is a near tie in float32 itself ("The" -1.88 against "L" -1.97 for the bare
+# question): "Answer in one sentence." leaves every token of the greedy answer 0.86 nats or more ahead, so
+# int4's rounding and a cached prompt's other kernels give the same answer.
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
 @pytest.fixture(scope="module")
