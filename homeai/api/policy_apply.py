@@ -131,14 +131,16 @@ def check_policy_text(holder: PolicyHolder, text: str, source: str = "<admin>") 
 
 async def apply_policy_text(holder: PolicyHolder, store: Store | None, text: str, applied_by: str,
                             note: str = "", source: str = "<admin>", swap_source: str | None = None,
-                            persist_to: Path | None = None) -> Applied:
+                            persist_to: Path | None = None, read_from: Path | None = None) -> Applied:
     """Validate ``text`` (PolicyError with key paths if invalid: nothing changes), swap it in and
     record it; with ``persist_to``, also write it there (atomically) so that a restart keeps it.
     Text identical to the running one is a no-op; a comment-only edit is applied (its text becomes
-    the running text) with an empty diff."""
+    the running text) with an empty diff. ``read_from``: the file ``text`` was read from (the
+    watcher's reload), applied only if the file still holds it once the lock is ours: an admin apply
+    writes the file under the same lock, so a read from before that write is stale and must not undo it."""
     policy = parse_policy(text, source, repository_models(holder))
     async with policy_lock(holder):
-        if text == running_text(holder):
+        if text == running_text(holder) or (read_from is not None and _read_or_none(read_from) != text):
             return Applied(changed=False, swap_version=holder.version)
         warning = None
         try:
@@ -166,6 +168,13 @@ async def apply_policy_text(holder: PolicyHolder, store: Store | None, text: str
         log.info("policy applied by %s (swap %d, stored %s): %s", applied_by, swap_version, stored,
                  "; ".join(diff) or "no semantic change")
         return Applied(True, diff, swap_version, stored, warning, written_to)
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 def write_atomically(path: Path, text: str) -> None:

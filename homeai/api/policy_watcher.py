@@ -43,10 +43,12 @@ async def check_policy_file(holder: PolicyHolder, path: Path, store: Store | Non
         return None
     try:
         applied = await apply_policy_text(holder, store, text, applied_by="file", note=f"file {path.name}",
-                                          source=str(path), swap_source=str(path))
+                                          source=str(path), swap_source=str(path), read_from=path)
     except PolicyError as e:
         log.error("policy file change refused, keeping swap version %d:\n%s", holder.version, e)
         return False
+    if not applied.changed:
+        return None  # the file changed again (an admin apply wrote it) while this reload waited
     log.info("policy file %s reloaded: %s", path, "; ".join(applied.diff) or "no semantic change")
     return True
 

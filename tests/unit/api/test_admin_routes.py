@@ -24,7 +24,7 @@ from homeai.api.app import protection
 from homeai.api.drain import Drain
 from homeai.api.errors import exception_handler
 from homeai.api.observability_routes import _stats_events, observability_router
-from homeai.api.policy_apply import running_text
+from homeai.api.policy_apply import apply_policy_text, running_text
 from homeai.api.policy_watcher import check_policy_file, start_policy_watcher
 from homeai.api.services import DEPENDENCIES, Services, app_state, services_of
 from homeai.api.settings import Settings
@@ -304,6 +304,32 @@ async def test_applied_policy_is_written_to_policy_path(holder: PolicyHolder, st
         assert r.json()["written_to"] == str(policy_file)
     assert policy_file.read_text(encoding="utf-8") == CHAT_BATCH_32
     assert await check_policy_file(holder, policy_file, store) is None  # the watcher sees nothing new
+
+
+async def test_a_reload_read_before_an_admin_write_does_not_undo_it(holder: PolicyHolder, store: Store,
+                                                                   policy_file: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in the TUI test: PUT B, then a rollback to A while the watcher's poll read the file still holding
+    B; the reload waited for the lock the rollback held and then applied B over it."""
+    await apply_policy_text(holder, store, CHAT_BATCH_32, "admin", persist_to=policy_file)  # file and policy: B
+    recording, release = asyncio.Event(), asyncio.Event()
+    record = store.policy_versions.record
+
+    async def slow_record(*args: Any, **kwargs: Any) -> Any:  # the rollback, inside the lock, before its write
+        recording.set()
+        await release.wait()
+        return await record(*args, **kwargs)
+
+    monkeypatch.setattr(store.policy_versions, "record", slow_record)
+    rollback = asyncio.create_task(apply_policy_text(holder, store, DEFAULT_TEXT, "admin", persist_to=policy_file))
+    await recording.wait()
+    assert running_text(holder) == DEFAULT_TEXT and policy_file.read_text(encoding="utf-8") == CHAT_BATCH_32
+    reload = asyncio.create_task(check_policy_file(holder, policy_file, store))  # reads B, waits for the lock
+    await asyncio.sleep(0.05)
+    release.set()
+    assert (await rollback).changed
+    assert await reload is None  # the file holds A again: nothing to apply
+    assert running_text(holder) == DEFAULT_TEXT and policy_file.read_text(encoding="utf-8") == DEFAULT_TEXT
 
 
 async def test_metrics_stats_health(client: AsyncTestClient[Litestar], store: Store) -> None:
