@@ -20,7 +20,7 @@ from safetensors import safe_open
 from homeai.runtime.device import release_free_memory
 from homeai.runtime.kv_cache import KVCache, kv_cache_dtype
 from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
-from homeai.runtime.quant import Linear, make_linear
+from homeai.runtime.quant import CPU_HAS_AMX, Linear, make_linear
 
 GGUF_WEIGHTS = "model.gguf"  # in a model folder: a link to a GGUF whose tensors are the weights
 
@@ -136,11 +136,12 @@ class LlamaModel(torch.nn.Module):
 
             self.paged_attention = decode_attention()
         self.kv_dtype = kv_cache_dtype(dtype, quantization, self.paged_attention is not None)
-        # Prompt chunks attend in bfloat16 where their matmuls already take bfloat16 activations (quantized
-        # weights on a CPU that computes in bfloat16): SDPA's CPU kernel runs bfloat16 on AMX, 2.6x float32's
-        # speed at a 256-token chunk over 1,536 tokens of context (43 % of a long prompt's time in float32).
+        # Prompt chunks attend in bfloat16 on a CPU with AMX (quantized weights only, whose prompts already
+        # round more): SDPA's CPU kernel runs bfloat16 on AMX, 2.6x float32's speed at a 256-token chunk over
+        # 1,536 tokens of context (43 % of a long prompt's time in float32). With AVX512-BF16 alone it is
+        # slower than float32 (an EPYC: a 46-token prompt 219 against 166 us a layer, 512 tokens 7.7 against 6.8 ms).
         self.prompt_attention_dtype = torch.bfloat16 if device.type == "cpu" and quantization != "none" \
-            and _cpu_has_bf16() else dtype
+            and CPU_HAS_AMX else dtype
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -252,13 +253,6 @@ class LlamaModel(torch.nn.Module):
                                                    attn_mask=chunk.mask, enable_gqa=True)
             out[sl] = o.squeeze(0).transpose(0, 1)  # (copied back in q's dtype)
         return out
-
-
-def _cpu_has_bf16() -> bool:
-    """The CPU computes in bfloat16 itself (AMX tiles or AVX512-BF16); elsewhere bfloat16 SDPA is emulated and
-    slower than float32."""
-    probes = (getattr(torch.cpu, "_is_amx_tile_supported", None), getattr(torch.cpu, "_is_avx512_bf16_supported", None))
-    return any(probe is not None and probe() for probe in probes)
 
 
 def _interleave(w: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -23,8 +23,9 @@ capital of France is Paris." into "L'Etoile, la Marseillaise, ..."). The native 
 blocks in tiles of 16 rows (``tile_q4_1``). On a CPU with VNNI, up to ``INT4_NATIVE_MAX_ROWS`` = 64 rows
 the activations are quantized to int8 in groups of 32 and multiplied with VNNI (llama.cpp's Q4 x Q8
 arithmetic), 16 weight rows per register: over SmolLM2's layers 2.1 ms at 1 row, 7.1 at 16, 23.6 at 46
-against 8.7, 25.8 and (bfloat16) 35.4 with float32 activations (``homeai bench kernels``). Above that one
-layer at a time is written out as bfloat16 for a bfloat16 matmul (AMX). Without VNNI float32 activations
+against 8.7, 25.8 and (bfloat16) 35.4 with float32 activations (``homeai bench kernels``). Above that, on a
+CPU with AMX, one layer at a time is written out as bfloat16 for a bfloat16 matmul; without AMX every row
+count takes the kernel. Without VNNI float32 activations
 serve up to 24 rows. ``torch._weight_int4pack_mm_for_cpu`` (bfloat16 scales) serves where the native
 kernels do not. Teacher-forced greedy agreement with float32 (`homeai bench quant --prompts 20`, decode
 steps of 16 rows): see the README's quantization section. The tied
@@ -47,12 +48,16 @@ INT4_GROUP = 32  # Q4_1's block: the groups a GGUF's 4-bit weights come in
 NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_NATIVE_MAX_ROWS", "32"))
 PACK_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_PACK_MAX_ROWS", "16"))
 # int4: up to this many rows the native kernel (int8 activations through VNNI), above it a bfloat16 matmul
-# on the weights written out as bfloat16 (SmolLM2's layers, ``homeai bench kernels``: 64 rows
-# 36 ms against 43, 80 rows 44 against 40). Without VNNI the float32-activation kernel crosses over at ~24.
+# on the weights written out as bfloat16. Where AMX multiplies bfloat16 that crosses over at ~72 rows
+# (SmolLM2's layers, ``homeai bench kernels`` on a Xeon: 64 rows 36 ms against 43, 80 rows 44 against 40);
+# without AMX bfloat16 never catches up (an EPYC with AVX512-BF16: 64 rows 40 ms against 70, 256 rows 130
+# against 182), so every row takes the kernel. Without VNNI the float32-activation kernel crosses over at ~24.
 # HOMEAI_INT4_VNNI=0: float32 activations (the int8-activation path off, e.g. to compare quality).
 INT4_INT8_ACTIVATIONS = os.environ.get("HOMEAI_INT4_VNNI", "1") != "0" and \
     bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
-INT4_NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT4_NATIVE_MAX_ROWS", "64" if INT4_INT8_ACTIVATIONS else "24"))
+CPU_HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+INT4_NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT4_NATIVE_MAX_ROWS", "24" if not INT4_INT8_ACTIVATIONS
+                                          else "64" if CPU_HAS_AMX else str(2**31)))
 INT4_TILE = 16  # weight rows per tile of the native kernel's layout (tile_q4_1)
 _BF16_SCRATCH = threading.local()  # per thread: the bfloat16 copy of one int8 layer at a time
 

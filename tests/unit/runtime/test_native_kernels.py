@@ -229,7 +229,7 @@ def test_without_the_native_kernel_torchs_kernels_serve(monkeypatch: pytest.Monk
 
 
 @needs_avx512
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 24, 25, 33, 64, 65, 80])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 24, 25, 33, 64, 65, 80, 300])  # 300: a prompt chunk
 @pytest.mark.parametrize("k", [576, 1536, 96])
 def test_int4_layer_matches_its_dequantized_weights(rows: int, k: int) -> None:
     """Int4Linear's kernels against the float64 product with the weights the groups describe: int8
