@@ -111,7 +111,7 @@ def check_num_ctx(engine: LLMEngine, route: Route, num_ctx: int | None) -> None:
 async def prompt_ids_of(engine: LLMEngine, req: LLMRequest, shape: AnswerShape) -> list[int]:
     """The prompt's token ids: chat messages through the model's own template (off the event loop: long
     prompts take milliseconds), text encoded as it is, or token ids checked against the vocabulary."""
-    check_token_ids(req.context_ids, len(engine.tokenizer), "context")
+    check_token_ids(req.context_ids, engine.tokenizer_size, "context")
     if req.messages is not None:
         messages, tools = req.messages, shape.plan.tools if shape.plan.active else None
         if tools and not template_has_tools(engine.tokenizer):
@@ -124,7 +124,7 @@ async def prompt_ids_of(engine: LLMEngine, req: LLMRequest, shape: AnswerShape) 
     if req.text is not None:
         return list(await asyncio.to_thread(engine.tokenizer.encode, req.text, add_special_tokens=False))
     ids = list(req.token_ids or [])
-    check_token_ids(ids, len(engine.tokenizer), req.fields.prompt)
+    check_token_ids(ids, engine.tokenizer_size, req.fields.prompt)
     return ids
 
 

@@ -52,7 +52,7 @@ async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route
     else:
         rows = [list(r) for r in inputs if not isinstance(r, str)]
         for i, row in enumerate(rows):
-            check_token_ids(row, len(embedder.tokenizer), f"input[{i}]")
+            check_token_ids(row, embedder.tokenizer_size, f"input[{i}]")
     if not cut_long:
         check_lengths(rows, embedder.max_length, route.model)
     try:

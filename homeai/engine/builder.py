@@ -97,6 +97,7 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
         runner.compiled.start()  # in the background: decode steps run eager until their bucket is ready
     engine = LLMEngine(runner, scheduler, tokenizer, stop_ids, max_len)
     engine.weights = weights
+    _ = engine.tokenizer_size  # counted here, while loading, not by the first request on the event loop
     log.info("LLM %s ready on %s/%s (weights %s: %s) in %.2fs: %d KV blocks of %d tokens (%s)", folder.name,
              device, dtype, weights.quantization, weights.reason, time.perf_counter() - t0, num_blocks,
              cfg.block_size, str(model.kv_dtype).removeprefix("torch."))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -72,6 +73,12 @@ class LLMEngine:
         self.wake = threading.Event()  # set when work arrives; the device loop waits on it
         self.health = EngineHealth()  # failures of this model's steps (/readyz, /metrics)
         self.weights = WeightsFormat("none", "not reported")  # what the builder loaded, and why
+
+    @functools.cached_property
+    def tokenizer_size(self) -> int:
+        """Token ids below this are valid. Kept: ``len()`` of a fast tokenizer rebuilds the vocabulary with its
+        added tokens, ~20 ms for SmolLM2's 49k, and admission asks on the event loop for every request."""
+        return len(self.tokenizer)
 
     # ---- asyncio side ----------------------------------------------------------------------------
     def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

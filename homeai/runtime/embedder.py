@@ -57,6 +57,8 @@ class Embedder:
         # A fast tokenizer is reconfigured (truncation on/off) by each call and is not safe to share
         # between threads ("Already borrowed"): callers tokenize from worker threads, so one at a time.
         self._tokenizer_lock = threading.Lock()
+        # len() of a fast tokenizer rebuilds its vocabulary (~20 ms for a 30-50k one): counted once, here
+        self.tokenizer_size = len(tokenizer)
         self.device = device
         self.pooling = pooling
         self._max_length = max_length
