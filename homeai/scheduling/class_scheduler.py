@@ -431,6 +431,8 @@ class ClassScheduler(StepScheduler):
                 self._serve_class(plan, state, now, limit=limit, for_share=False)
             if plan.is_empty and step.deferred:  # the bounds never leave a step with running work empty
                 self._force_one_deferred(plan)
+            if plan.is_empty:
+                self._force_progress(plan, now, by_rank)
             self.shares.charge(self.classes.values(), plan, self.seqs)
             self._finish_plan(plan, now)
             return self.seal(plan)
@@ -508,6 +510,20 @@ class ClassScheduler(StepScheduler):
             if seq.status == SequenceStatus.RUNNING and self._grow(seq, 1, plan) == 1:
                 self._add_chunk(plan, seq, 1)
                 self._step.deferred.discard(seq.seq_id)
+                return
+
+    def _force_progress(self, plan: StepPlan, now: float, by_rank: list[LLMClassState]) -> None:
+        """Bounds that leave nothing to plan never stall the device: where the fitted cost says that not
+        even one more prompt token fits (a fit skewed by steps another process slowed, over a long
+        prompt's context), the most important class with work gets MIN_STEP_TOKENS tokens, unbounded by
+        the margins and deadlines. An empty plan runs no step, so the fit would never change and the
+        requests would wait forever."""
+        if not self.running and not any(len(s.queue) for s in by_rank):
+            return
+        self.guard.start([], None)
+        for state in by_rank:
+            self._serve_class(plan, state, now, limit=MIN_STEP_TOKENS, for_share=False)
+            if not plan.is_empty:
                 return
 
     def _expire(self, now: float) -> None:
