@@ -13,6 +13,7 @@ import argparse
 import logging
 import math
 import os
+import socket
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -66,9 +67,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.compile_decode = args.compile_decode
     if args.cluster is not None:
         settings.cluster = args.cluster
+    try:  # before the models load: a taken port fails at once, not after a minute of loading
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+        return 1
     try:
         app = create_app(settings)
     except PolicyError as exc:
+        sock.close()
         print(f"error: {exc}")
         return 1
     drain = services_of(app).drain
@@ -82,5 +89,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, workers=1,
                             timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s + DRAIN_GRACE_S))
-    DrainingServer(config).run()
+    DrainingServer(config).run(sockets=[sock])
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound as uvicorn binds one (``SO_REUSEADDR``: a restart right after a stop finds
+    its port free); uvicorn listens on it once the app is built."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
