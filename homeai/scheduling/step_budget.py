@@ -34,6 +34,12 @@ TTFT_STEP_FRACTION = 0.4
 QUIET_TTFT_STEP_FRACTION = 0.75
 MIN_STEP_TOKENS = 16
 _DECAY = 0.97  # weight of older observations per new one (about the last 30 steps count)
+# Once the fit has seen this many steps' worth, a step that took longer than OUTLIER_FACTOR times its
+# prediction counts as that long: one step another process stalled (serve benches on the 2-core box: 0.5 %
+# of steps past 3x, up to 13x) no longer shrinks the next ~30 steps' budgets, while a device that really
+# got slower still lifts the fit by a few percent a step (twice as slow is learned in about a dozen).
+OUTLIER_FACTOR = 3.0
+_SETTLED_WEIGHT = 8.0
 CALIBRATION_FILE = "calibration.json"  # in the cache dir: what `homeai bench calibrate` measured here
 
 
@@ -88,6 +94,8 @@ class StepCostModel:
         if seconds <= 0 or num_tokens <= 0:
             return
         rows = num_tokens if num_rows is None else max(1, min(num_rows, num_tokens))
+        if self._w >= _SETTLED_WEIGHT:
+            seconds = min(seconds, OUTLIER_FACTOR * self.predict_s(num_tokens, rows, num_ctx))
         x = (1.0, float(rows), float(num_tokens - rows), float(max(0, num_ctx)))
         if self._sx is None or self._sxx is None or self._sxy is None:
             self._seed = (self.per_token_s, self.prompt_token_s, self.per_ctx_s)  # type: ignore[assignment]

@@ -62,3 +62,31 @@ def test_a_calibration_seeds_prompt_tokens_and_context_apart_from_rows(tmp_path:
     cost = load_step_cost(path)
     assert cost is not None
     assert abs(cost.per_token_s - 0.006) < 1e-12 and cost.prompt_token_s == 0.004 and cost.per_ctx_s == 1e-6
+
+
+def trained() -> StepCostModel:
+    cost = StepCostModel(**TRUE)
+    rng = random.Random(1)
+    for _ in range(60):
+        rows = rng.randint(1, 16)
+        prompt = rng.choice([0, 0, 16, 64])
+        ctx = sum(rng.randint(50, 800) for _ in range(rows)) + prompt
+        cost.observe(rows + prompt, true_s(rows + prompt, rows, ctx), rows, ctx)
+    return cost
+
+
+def test_one_stalled_step_barely_moves_the_fit() -> None:
+    """A step another process stalled (20x its length) made the next steps' prediction 2.6x what it was,
+    shrinking their budgets for ~30 steps; it now counts as OUTLIER_FACTOR times its prediction (1.1x)."""
+    cost = trained()
+    before = cost.predict_s(8, 8, 3000)
+    cost.observe(8, 20 * true_s(8, 8, 3000), 8, 3000)
+    assert cost.predict_s(8, 8, 3000) < 1.25 * before
+
+
+def test_a_device_that_really_got_slower_is_learned_within_a_few_dozen_steps() -> None:
+    cost = trained()
+    before = cost.predict_s(8, 8, 3000)
+    for _ in range(40):
+        cost.observe(8, 4 * true_s(8, 8, 3000), 8, 3000)
+    assert cost.predict_s(8, 8, 3000) > 3 * before
