@@ -238,23 +238,30 @@ class ClassQueue:
         so that one user's flood cannot push another's single query back by whole batches."""
         fair = self.fairness
         if fair is None:
-            return list(itertools.islice(iter(self), cap))
+            return list(itertools.islice(itertools.chain.from_iterable(
+                level.in_order() for level in self._levels.values()), cap))
         out: list[QueuedItem] = []
         counters: dict[str, float] = {}
         for level in self._levels.values():
             for delayed in (False, True):
+                if len(out) >= cap:
+                    return out
                 lines = level.user_lines(delayed)
-                pos = dict.fromkeys(lines, 0)
-                while len(out) < cap and pos:
-                    for user in pos:
-                        counters.setdefault(user, fair.counter(user))
-                    user = min(pos, key=lambda u: (counters[u], lines[u][pos[u]].seq))
-                    item = lines[user][pos[user]]
+                heads: dict[str, QueuedItem] = {}  # each user's next request in this line
+                for user, line in lines.items():
+                    if (first := next(line, None)) is not None:
+                        heads[user] = first
+                        if user not in counters:
+                            counters[user] = fair.counter(user)
+                while len(out) < cap and heads:
+                    user = min(heads, key=lambda u: (counters[u], heads[u].seq))
+                    item = heads[user]
                     out.append(item)
                     counters[user] += fair.cost(item.cost, 0) / fair.weight(user)
-                    pos[user] += 1
-                    if pos[user] == len(lines[user]):
-                        del pos[user]
+                    if (following := next(lines[user], None)) is None:
+                        del heads[user]
+                    else:
+                        heads[user] = following
         return out
 
     def _fire_size(self, cands: Sequence[QueuedItem], cap: int, now: float) -> int:

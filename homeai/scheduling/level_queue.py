@@ -114,11 +114,13 @@ class LevelQueue:
             heads = [h for h in heads if h[0] == QUEUED]
         return [user for _, _, user in sorted(heads)]
 
-    def user_lines(self, delayed: bool) -> dict[str, list[QueuedItem]]:
-        """Each user's current requests in one line (unexpired or delayed), in arrival order (a query)."""
+    def user_lines(self, delayed: bool) -> dict[str, Iterator[QueuedItem]]:
+        """Each user's current requests in one line (unexpired or delayed), in arrival order, read lazily
+        (a query: a batch of a few takes a few from each line, however long the lines are; the level must
+        not change while they are read)."""
         by_user = self.user_delayed if delayed else self.user_main
-        lines = {user: [e[1] for e in dq if self.is_current(e)] for user, dq in by_user.items()}
-        return {user: items for user, items in lines.items() if items}
+        return {user: (item for gen, item in dq if item.gen == gen and item.state != GONE)
+                for user, dq in by_user.items()}
 
     def oldest_arrival_s(self) -> float | None:
         """Earliest arrival among the live requests (the heads of the two lines)."""
@@ -131,6 +133,14 @@ class LevelQueue:
             if self.is_current(entry):
                 return entry[1]
         return None
+
+    def in_order(self) -> Iterator[QueuedItem]:
+        """The current requests in service order, read lazily (a query: the level must not change while it
+        is read; ``iter()`` reads a copy, for callers that remove requests as they go)."""
+        for dq in (self.main, self.delayed):
+            for gen, item in dq:
+                if item.gen == gen and item.state != GONE:
+                    yield item
 
     def __iter__(self) -> Iterator[QueuedItem]:
         for dq in (self.main, self.delayed):
