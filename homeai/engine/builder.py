@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from homeai.core.block_manager import BlockManager
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
-from homeai.runtime.decode_graph import CompiledDecode, compile_mode_from_env, should_compile, use_cache_dir
+from homeai.runtime.decode_graph import CompiledDecode, compile_mode_from_env, should_compile
 from homeai.runtime.device import choose_device, in_passing_thread, parse_dtype
 from homeai.runtime.fast_tokenizer import load_fast_tokenizer
 from homeai.runtime.grammar import GrammarCache
@@ -90,8 +90,6 @@ def _build_llm_engine(folder: Path, config: EngineConfig | None, scheduler: Step
     else:
         scheduler.block_manager = block_manager
     max_len = min(cfg.max_model_len, mc.max_position_embeddings)
-    if cfg.cache_dir is not None:
-        use_cache_dir(cfg.cache_dir)
     if should_compile(cfg.compile_decode, device):
         runner.compiled = CompiledDecode(model, cache, max_len, cfg.max_num_seqs, cfg.cache_dir)
         runner.compiled.start()  # in the background: decode steps run eager until their bucket is ready
