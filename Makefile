@@ -30,12 +30,16 @@ pull: install
 run: pull
 	$(BIN)/homeai serve
 
-# The native kernels build (one compiler process) while the models are pulled.
+# The native kernels build (one compiler process) while the models are pulled. The suite runs in one
+# pytest-xdist worker per core, at most 4, a test module per worker at a time (tests/conftest.py): on the
+# 2-core box 784 -> 524 s, since one process left a core idle while servers start and clients wait.
+# `make test PYTEST_WORKERS=` runs it in one process.
+PYTEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadgroup
 test: install
 	HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m homeai.runtime.kernels & kernels=$$!; \
 	for m in $(MODELS); do HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/homeai pull $$m || exit 1; done; \
 	wait $$kernels
-	HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	HOMEAI_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check homeai tui tests

@@ -20,8 +20,13 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAMES = ("smollm2-135m-instruct", "all-minilm-l6-v2")
+# Tests that empty and fill the one PostgreSQL database of HOMEAI_TEST_DATABASE_URL (store_helpers): under
+# pytest-xdist they all run in one worker, one after the other, as they do without it.
+DATABASE_TESTS = ("tests/integration/jobs/", "tests/unit/jobs/", "tests/unit/store/",
+                  "tests/unit/search/test_matrix_cache.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that needs the real models (``pulled_models``, directly or through a fixture such as a
     server's) is ``slow`` even where its module forgot to say so. The ``gpu`` marker skips, saying so,
@@ -29,6 +34,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "pulled_models" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
@@ -38,6 +45,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason="gpu: needs a CUDA device"))
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The worker group of a test under ``pytest -n N --dist loadgroup`` (``make test``): its module, so
+    that a module's fixtures (a server, a compiled model) are built once and its tests keep their order;
+    every test of the shared PostgreSQL database in one group."""
+    module = item.nodeid.split("::", 1)[0]
+    if module.startswith(DATABASE_TESTS):
+        return "database"
+    names = vars(item.module) if isinstance(item, pytest.Function) else {}
+    if any(getattr(value, "__module__", None) == "store_helpers" for value in names.values()):
+        raise pytest.UsageError(f"{module} uses store_helpers' database: add it to DATABASE_TESTS in tests/conftest.py")
+    return module
 
 
 @pytest.fixture(scope="session")
