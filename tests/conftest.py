@@ -24,13 +24,16 @@ MODEL_NAMES = ("smollm2-135m-instruct", "all-minilm-l6-v2")
 # pytest-xdist they all run in one worker, one after the other, as they do without it.
 DATABASE_TESTS = ("tests/integration/jobs/", "tests/unit/jobs/", "tests/unit/store/",
                   "tests/unit/search/test_matrix_cache.py")
+# Tests that start a local Ray cluster (a head, nodes, their agents and ports): one cluster at a time.
+RAY_TESTS = ("tests/integration/cluster/",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that needs the real models (``pulled_models``, directly or through a fixture such as a
     server's) is ``slow`` even where its module forgot to say so. The ``gpu`` marker skips, saying so,
-    where there is no CUDA device: the only skip the suite has."""
+    where there is no CUDA device: the only skip the suite has. Each test joins its pytest-xdist group
+    (``xdist_group_of``)."""
     for item in items:
         if "pulled_models" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
@@ -50,10 +53,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def xdist_group_of(item: pytest.Item) -> str:
     """The worker group of a test under ``pytest -n N --dist loadgroup`` (``make test``): its module, so
     that a module's fixtures (a server, a compiled model) are built once and its tests keep their order;
-    every test of the shared PostgreSQL database in one group."""
+    every test of the shared PostgreSQL database in one group, every test of a Ray cluster in another."""
     module = item.nodeid.split("::", 1)[0]
     if module.startswith(DATABASE_TESTS):
         return "database"
+    if module.startswith(RAY_TESTS):
+        return "ray"
     names = vars(item.module) if isinstance(item, pytest.Function) else {}
     if any(getattr(value, "__module__", None) == "store_helpers" for value in names.values()):
         raise pytest.UsageError(f"{module} uses store_helpers' database: add it to DATABASE_TESTS in tests/conftest.py")
