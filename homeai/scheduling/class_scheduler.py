@@ -397,6 +397,7 @@ class ClassScheduler(StepScheduler):
             step.itl_limit_s = min(itls) if itls else None
             step.budget = step_token_budget(self.step_cost, self.max_num_batched_tokens, targets)
             self.shares.start_step()
+            self.shares.refill_time(self.classes.values(), now)
             plan = StepPlan()
             self.guard.cost = self.step_cost
             margins = self._margin_classes()
@@ -422,9 +423,12 @@ class ClassScheduler(StepScheduler):
             for state in interactive:
                 self._serve_class(plan, state, now, limit=None, for_share=False, leave=leave)
             step.reserved_slots = 0
+            forced_s: dict[str, float] = {}
             for state in owed:  # 3. background classes owed their min_share (its rate passes the margins)
+                before_s = self.guard.seconds()
                 self._serve_class(plan, state, now, limit=self.shares.credit(state), for_share=True,
-                                  share_s=self._share_seconds(state))
+                                  share_s=min(self._share_seconds(state), self.shares.seconds_credit(state)))
+                forced_s[state.name] = self.guard.seconds() - before_s
             blunt = self._blunt_background_limit()
             for state in by_rank:  # 4. what is left, by class importance
                 limit = self.shares.background_limit(state, step.budget, step.interactive_now) if blunt else None
@@ -434,11 +438,13 @@ class ClassScheduler(StepScheduler):
             if plan.is_empty:
                 self._force_progress(plan, now, by_rank)
             self.shares.charge(self.classes.values(), plan, self.seqs)
+            self.shares.charge_time(self.classes.values(), plan, self.seqs, self.step_cost, forced_s)
             self._finish_plan(plan, now)
             return self.seal(plan)
 
     def _share_seconds(self, state: LLMClassState) -> float:
-        """The time a min_share pass may add beyond the latency margins: min_share of the step's time bound
+        """The most a min_share pass may add beyond the latency margins (within its time credit, which
+        ``ShareGuard`` keeps: min_share of the device's time, as a rate): min_share of the step's time bound
         (``step_time_limit``), its tokens priced as every row is (a prompt token, and the context it
         reads). A share of the token budget instead is a share of decode rows: on a CPU a prompt token
         costs many times a row, and 5 % of a 2,048-token budget taken as a summary's prompt chunk tripled

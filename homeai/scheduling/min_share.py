@@ -11,6 +11,14 @@ voice out. While the house is active, a background class's prompt chunks stay at
 step's budget (at least BACKGROUND_CHUNK_TOKENS) unless every interactive class sets a latency margin:
 then the margins and the arrival bound size them (``step_guard``).
 
+What a share pass may add beyond those margins is a second credit, in device seconds (the step cost
+model's price of the class's rows, prompt tokens and the context they read): min_share of the time that
+passes while the class has work, at most SHARE_TIME_BURST_S of it, charged with everything the class is
+served. Tokens alone undercount a summary's decode row, one token that reads ~1,800 tokens of context:
+refilled with min_share of each step's token budget, the token credit was never spent, so every voice step
+carried summary rows (voice's steps 11.3 ms under the household mix against 6.7 alone) while the summaries
+took far more than their share on idle capacity anyway.
+
 ``ShareGuard`` holds that state for the class scheduler, which hands it what it needs call by call.
 """
 
@@ -23,12 +31,14 @@ from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import StepPlan
 from homeai.scheduling.share_bucket import ShareLedger
+from homeai.scheduling.step_budget import StepCostModel
 
 if TYPE_CHECKING:
     from homeai.scheduling.class_scheduler import LLMClassState
 
 BACKGROUND_CHUNK_TOKENS = 32  # a background class's prompt tokens per step while the house is active
 SHARE_BURST_STEPS = 2  # a background class's share credit holds at most this many full steps' share
+SHARE_TIME_BURST_S = 1.0  # its credit of time beyond the margins holds at most this long at its rate
 
 
 class ShareGuard:
@@ -37,6 +47,8 @@ class ShareGuard:
 
     def __init__(self) -> None:
         self.ledger = ShareLedger(SHARE_BURST_STEPS)  # in tokens; a unit is a full step
+        self.time = ShareLedger(SHARE_TIME_BURST_S)  # in predicted device seconds; a unit is a second
+        self._time_at: float | None = None  # when the time credit was last refilled
         self.protected: dict[int, str] = {}  # share-holding sequences this step -> their class
         self.used: dict[str, int] = {}  # tokens each class took on its share, this step
 
@@ -62,6 +74,18 @@ class ShareGuard:
 
     def credit(self, state: LLMClassState) -> int:
         return int(self.ledger.credit(state.name))
+
+    def refill_time(self, classes: Iterable[LLMClassState], now: float) -> None:
+        """Each background class earns min_share of the time since the last step while it has work."""
+        elapsed = 0.0 if self._time_at is None else max(0.0, now - self._time_at)
+        self._time_at = now
+        for state in classes:
+            share = state.policy.min_share if state.policy.background else 0.0
+            self.time.refill(state.name, share, elapsed, 1.0, backlogged=bool(state.num_running or len(state.queue)))
+
+    def seconds_credit(self, state: LLMClassState) -> float:
+        """How long a share pass of ``state`` may make this step beyond the latency margins."""
+        return max(0.0, self.time.credit(state.name))
 
     def reserve_tokens(self, owed: list[LLMClassState], budget: int) -> int:
         """Tokens of this step interactive work leaves to the owed background classes: each one's
@@ -114,6 +138,25 @@ class ShareGuard:
             forced = min(self.used.get(state.name, 0), got)
             self.ledger.charge(state.name, forced, forced=True)
             self.ledger.charge(state.name, got - forced, forced=False)
+
+    def charge_time(self, classes: Iterable[LLMClassState], plan: StepPlan, seqs: Mapping[int, Sequence],
+                    cost: StepCostModel, forced_s: Mapping[str, float]) -> None:
+        """Charge each class's time credit with the predicted seconds of its work in the step; ``forced_s``:
+        what its share pass added (it may pass the margins, and overdraw the credit by what it took); the
+        rest it got on idle capacity, never driving the credit below zero."""
+        work: dict[str, list[int]] = {}
+        for chunk in plan.chunks:
+            w = work.setdefault(seqs[chunk.seq_id].class_name, [0, 0, 0])
+            w[0] += chunk.num_tokens
+            w[1] += 1
+            w[2] += chunk.start + chunk.num_tokens
+        empty = cost.predict_s(0, 0, 0)
+        for state in classes:
+            tokens, rows, ctx = work.get(state.name, (0, 0, 0))
+            got = cost.predict_s(tokens, rows, ctx) - empty if rows else 0.0
+            forced = min(max(0.0, forced_s.get(state.name, 0.0)), got)
+            self.time.charge(state.name, forced, forced=True)
+            self.time.charge(state.name, got - forced, forced=False)
 
     def _num_protected(self, state: LLMClassState) -> int:
         return sum(1 for name in self.protected.values() if name == state.name)
