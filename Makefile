@@ -32,7 +32,7 @@ run: pull
 
 # The native kernels build (one compiler process) while the models are pulled. The suite runs in one
 # pytest-xdist worker per core, at most 4, a test module per worker at a time (tests/conftest.py): on the
-# 2-core box 784 -> 524 s, since one process left a core idle while servers start and clients wait.
+# 2-core box 784 -> 435 s, since one process left a core idle while servers start and clients wait.
 # `make test PYTEST_WORKERS=` runs it in one process.
 PYTEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadgroup
 test: install
