@@ -437,8 +437,7 @@ class ClassScheduler(StepScheduler):
                 self._force_one_deferred(plan)
             if plan.is_empty:
                 self._force_progress(plan, now, by_rank)
-            self.shares.charge(self.classes.values(), plan, self.seqs)
-            self.shares.charge_time(self.classes.values(), plan, self.seqs, self.step_cost, forced_s)
+            self.shares.charge(self.classes.values(), plan, self.seqs, self.step_cost, forced_s)
             self._finish_plan(plan, now)
             return self.seal(plan)
 

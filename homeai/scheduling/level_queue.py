@@ -119,8 +119,7 @@ class LevelQueue:
         (a query: a batch of a few takes a few from each line, however long the lines are; the level must
         not change while they are read)."""
         by_user = self.user_delayed if delayed else self.user_main
-        return {user: (item for gen, item in dq if item.gen == gen and item.state != GONE)
-                for user, dq in by_user.items()}
+        return {user: (entry[1] for entry in dq if self.is_current(entry)) for user, dq in by_user.items()}
 
     def oldest_arrival_s(self) -> float | None:
         """Earliest arrival among the live requests (the heads of the two lines)."""
@@ -138,9 +137,7 @@ class LevelQueue:
         """The current requests in service order, read lazily (a query: the level must not change while it
         is read; ``iter()`` reads a copy, for callers that remove requests as they go)."""
         for dq in (self.main, self.delayed):
-            for gen, item in dq:
-                if item.gen == gen and item.state != GONE:
-                    yield item
+            yield from (entry[1] for entry in dq if self.is_current(entry))
 
     def __iter__(self) -> Iterator[QueuedItem]:
         for dq in (self.main, self.delayed):

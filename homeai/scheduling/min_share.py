@@ -32,6 +32,7 @@ from homeai.core.sequence import Sequence
 from homeai.core.types import StepPlan
 from homeai.scheduling.share_bucket import ShareLedger
 from homeai.scheduling.step_budget import StepCostModel
+from homeai.scheduling.step_guard import Work
 
 if TYPE_CHECKING:
     from homeai.scheduling.class_scheduler import LLMClassState
@@ -127,36 +128,25 @@ class ShareGuard:
     def preempted(self, seq: Sequence) -> None:
         self.protected.pop(seq.seq_id, None)
 
-    def charge(self, classes: Iterable[LLMClassState], plan: StepPlan, seqs: Mapping[int, Sequence]) -> None:
-        """Charge each class's credit with what it got: on its share, or on idle capacity."""
-        per_class: dict[str, int] = {}
+    def charge(self, classes: Iterable[LLMClassState], plan: StepPlan, seqs: Mapping[int, Sequence],
+               cost: StepCostModel, forced_s: Mapping[str, float]) -> None:
+        """Charge each class's credits with what it got: tokens, and their predicted seconds. On its share
+        (forced: ``used`` tokens, and ``forced_s``, what its share pass added, which may pass the margins
+        and overdraw the credit by what it took), or on idle capacity (never below zero)."""
+        work: dict[str, Work] = {}
         for chunk in plan.chunks:
-            name = seqs[chunk.seq_id].class_name
-            per_class[name] = per_class.get(name, 0) + chunk.num_tokens
+            work.setdefault(seqs[chunk.seq_id].class_name, Work()).add(
+                Work(chunk.num_tokens, 1, chunk.start + chunk.num_tokens))
+        empty_s = cost.predict_s(0, 0, 0)
         for state in classes:
-            got = per_class.get(state.name, 0)
-            forced = min(self.used.get(state.name, 0), got)
+            w = work.get(state.name, Work())
+            forced = min(self.used.get(state.name, 0), w.tokens)
             self.ledger.charge(state.name, forced, forced=True)
-            self.ledger.charge(state.name, got - forced, forced=False)
-
-    def charge_time(self, classes: Iterable[LLMClassState], plan: StepPlan, seqs: Mapping[int, Sequence],
-                    cost: StepCostModel, forced_s: Mapping[str, float]) -> None:
-        """Charge each class's time credit with the predicted seconds of its work in the step; ``forced_s``:
-        what its share pass added (it may pass the margins, and overdraw the credit by what it took); the
-        rest it got on idle capacity, never driving the credit below zero."""
-        work: dict[str, list[int]] = {}
-        for chunk in plan.chunks:
-            w = work.setdefault(seqs[chunk.seq_id].class_name, [0, 0, 0])
-            w[0] += chunk.num_tokens
-            w[1] += 1
-            w[2] += chunk.start + chunk.num_tokens
-        empty = cost.predict_s(0, 0, 0)
-        for state in classes:
-            tokens, rows, ctx = work.get(state.name, (0, 0, 0))
-            got = cost.predict_s(tokens, rows, ctx) - empty if rows else 0.0
-            forced = min(max(0.0, forced_s.get(state.name, 0.0)), got)
-            self.time.charge(state.name, forced, forced=True)
-            self.time.charge(state.name, got - forced, forced=False)
+            self.ledger.charge(state.name, w.tokens - forced, forced=False)
+            got_s = cost.predict_s(w.tokens, w.rows, w.ctx) - empty_s if w.rows else 0.0
+            forced_time = min(max(0.0, forced_s.get(state.name, 0.0)), got_s)
+            self.time.charge(state.name, forced_time, forced=True)
+            self.time.charge(state.name, got_s - forced_time, forced=False)
 
     def _num_protected(self, state: LLMClassState) -> int:
         return sum(1 for name in self.protected.values() if name == state.name)
