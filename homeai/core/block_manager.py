@@ -13,6 +13,18 @@ cached block may sit in several sequences' tables at once. A block nobody refere
 free (never hashed) or *evictable* (hashed, kept for reuse in LRU order); allocation takes plain free
 blocks first and evicts the least recently used cached block only when none is left, and a block a
 sequence holds is never evicted.
+
+Beyond vLLM, a prefix may end inside a block, as llama.cpp's prompt cache reuses a prompt token by token:
+a voice assistant's next turn repeats the system message and most of the words, and an identical prompt
+would otherwise compute again up to 15 tokens its whole blocks leave over. Every block whose leading
+tokens are known written is indexed by its parent's hash and its tokens (``_children``): the hashed full
+blocks, and the last, partly written block of a sequence that ended (a *tail*; evictable as hashed blocks
+are). A lookup that stops inside a block reuses the longest common run of tokens such a block holds: a
+tail nobody holds the new sequence simply takes over (an identical prompt then computes its last token
+only); a hashed block stays as it is, and its slots are copied into a fresh block of the new sequence
+(``ScheduledChunk.kv_copy``: the runner copies before the step). A copy's source stays held (*pinned*)
+until the scheduler applies that step, so no allocation can take it before the copy has run, and a
+sequence's tail is indexed only once a step has run for it, so a copy that never ran is never passed on.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from homeai.core.block_hash import BlockHash, extend_chain
+from homeai.core.block_hash import BlockHash, extend_chain, root_hash
 from homeai.core.prefix_stats import PrefixCacheStats
 from homeai.core.sequence import Sequence
 
@@ -48,7 +60,15 @@ class BlockManager:
         self._num_hashed: dict[int, int] = {}  # leading blocks of a table already published in _cached
         # The last lookup(), for the admission that follows it: (seq id, cached blocks found, its chain).
         # Only one is kept, so a request that never gets admitted (a queue timeout) leaves nothing behind.
-        self._pending: tuple[int, list[int], list[BlockHash]] | None = None
+        # The partial block it found, if any: (source block, tokens whose KV the source holds for this prompt).
+        self._pending: tuple[int, list[int], list[BlockHash], tuple[int, int] | None] | None = None
+        # Blocks whose leading tokens are written, by parent hash and first token: block -> those tokens.
+        self._children: dict[BlockHash, dict[int, dict[int, tuple[int, ...]]]] = {}
+        self._node: dict[int, tuple[BlockHash, tuple[int, ...]]] = {}  # indexed block -> (parent, tokens)
+        self._seqs: dict[int, Sequence] = {}  # admitted sequences: their tail is indexed when they free
+        self._copies: dict[int, tuple[int, int, int]] = {}  # seq id -> (source, its block, slots), not yet planned
+        self._unwritten: set[int] = set()  # sequences whose copy has not run yet (no step applied since)
+        self._pins: list[int] = []  # copy sources of the plan not yet applied (held until its step has run)
         self.on_block: Callable[[int], None] | None = None  # told each block handed out (KV page prefault)
 
     # ---- reading ---------------------------------------------------------------------------------
@@ -91,12 +111,37 @@ class BlockManager:
             if block is None:
                 break
             hits.append(block)
-        self._pending = (seq.seq_id, hits, chain)
-        return len(hits) * self.block_size
+        partial = self._partial_hit(seq, chain[len(hits) - 1] if hits else root_hash(self.model), len(hits))
+        self._pending = (seq.seq_id, hits, chain, partial)
+        return len(hits) * self.block_size + (partial[1] if partial is not None else 0)
+
+    def _partial_hit(self, seq: Sequence, parent: BlockHash, num_hits: int) -> tuple[int, int] | None:
+        """The indexed block after ``parent`` sharing the longest run of leading tokens with the sequence's
+        next ones (at most all but its last token), as (block, tokens); None when none shares any."""
+        start = num_hits * self.block_size
+        limit = min(self.block_size, seq.num_tokens - 1 - start)
+        if limit < 1:
+            return None
+        want = seq.token_ids(start, start + limit)
+        candidates = self._children.get(parent, {}).get(want[0])
+        if not candidates:
+            return None
+        best, best_n = -1, 0
+        for block, tokens in candidates.items():
+            n = 1
+            while n < limit and n < len(tokens) and tokens[n] == want[n]:
+                n += 1
+            if n > best_n:
+                best, best_n = block, n
+        return best, best_n
 
     def _hits(self, seq_id: int) -> list[int]:
         pending = self._pending
         return pending[1] if pending is not None and pending[0] == seq_id else []
+
+    def _partial(self, seq_id: int) -> tuple[int, int] | None:
+        pending = self._pending
+        return pending[3] if pending is not None and pending[0] == seq_id else None
 
     # ---- allocation ------------------------------------------------------------------------------
     def num_new_blocks(self, seq_id: int, num_tokens: int) -> int:
@@ -111,6 +156,9 @@ class BlockManager:
         cost = self.num_new_blocks(seq_id, num_tokens)
         if seq_id not in self._tables:
             cost += sum(1 for b in self._hits(seq_id) if self._ref[b] == 0)
+            partial = self._partial(seq_id)
+            if partial is not None and self._hash[partial[0]] is not None and self._ref[partial[0]] == 0:
+                cost += 1  # a copy's source, held until the copy has run
         return cost
 
     def can_allocate(self, seq_id: int, num_tokens: int, reserve: int = 0) -> bool:
@@ -135,17 +183,49 @@ class BlockManager:
         add fresh blocks for ``num_new_tokens`` tokens after it; count the hit for the sequence's class.
         Returns the tokens reused, which become the sequence's ``num_computed_tokens``."""
         assert seq.seq_id not in self._tables, f"sequence {seq.seq_id} already holds blocks"
-        num_hit_tokens = len(self._hits(seq.seq_id)) * self.block_size
-        self.allocate(seq.seq_id, num_hit_tokens + num_new_tokens)
-        if self.enable_prefix_caching and seq.num_preemptions == 0:
-            self.stats.record(seq.class_name, seq.num_prompt_tokens, num_hit_tokens)
+        num_full = len(self._hits(seq.seq_id))
+        partial = self._partial(seq.seq_id)
+        num_hit_tokens = num_full * self.block_size + (partial[1] if partial is not None else 0)
+        if partial is not None:
+            if partial[0] not in self._node:  # evicted since lookup(): a scheduler bug, never a wrong KV
+                raise RuntimeError(f"block {partial[0]} sequence {seq.seq_id} reuses was evicted before admission")
+            if self._hash[partial[0]] is not None:  # a published block: copied, so held until the copy has run
+                self._pin(partial[0])  # before allocating: the source must not be the block evicted for it
+        table = self.allocate(seq.seq_id, num_hit_tokens + num_new_tokens)
+        if partial is not None and table[num_full] != partial[0]:
+            self._copies[seq.seq_id] = (partial[0], table[num_full], partial[1])
+            self._unwritten.add(seq.seq_id)
+        if self.enable_prefix_caching:
+            self._seqs[seq.seq_id] = seq
+            if seq.num_preemptions == 0:
+                self.stats.record(seq.class_name, seq.num_prompt_tokens, num_hit_tokens)
         return num_hit_tokens
+
+    def take_copy(self, seq_id: int) -> tuple[int, int, int] | None:
+        """The copy a newly admitted sequence's first chunk needs before it runs: (source block, the
+        sequence's block, slots); None when its cached prefix ended on a block boundary."""
+        return self._copies.pop(seq_id, None)
+
+    def release_pins(self) -> None:
+        """The step of the last plan has run (a failed step's chunks have run again alone): its copy
+        sources go back to the pool (the scheduler's update calls this first)."""
+        for block in self._pins:
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self._evictable[block] = None  # indexed (hashed or a tail): reusable, most recent
+        self._pins = []
+
+    def _pin(self, block: int) -> None:
+        if self._ref[block] == 0:
+            del self._evictable[block]
+        self._ref[block] += 1
+        self._pins.append(block)
 
     def _take_hits(self, seq_id: int) -> list[int]:
         if self._pending is None or self._pending[0] != seq_id:
             self._num_hashed[seq_id] = 0
             return []
-        _, hits, chain = self._pending
+        _, hits, chain, partial = self._pending
         self._pending = None
         self._chains[seq_id] = chain[:len(hits)]
         for i, block in enumerate(hits):
@@ -155,7 +235,14 @@ class BlockManager:
                 del self._evictable[block]
             self._ref[block] += 1
         self._num_hashed[seq_id] = len(hits)
-        return list(hits)
+        table = list(hits)
+        if partial is not None and self._hash[partial[0]] is None:
+            tail = partial[0]  # a tail nobody holds: the sequence takes it over, its written slots and all
+            self._unindex(tail)
+            del self._evictable[tail]
+            self._ref[tail] = 1
+            table.append(tail)
+        return table
 
     def _take_block(self) -> int:
         if not self._free and not self.evict(1):
@@ -170,10 +257,11 @@ class BlockManager:
         done = 0
         while done < num_blocks and self._evictable:
             block, _ = self._evictable.popitem(last=False)
+            self._unindex(block)
             h = self._hash[block]
-            assert h is not None
-            del self._cached[h]
-            self._hash[block] = None
+            if h is not None:
+                del self._cached[h]
+                self._hash[block] = None
             self._free.append(block)
             self.stats.num_evictions += 1
             done += 1
@@ -182,6 +270,7 @@ class BlockManager:
     # ---- publishing and freeing ------------------------------------------------------------------
     def cache_blocks(self, seq: Sequence) -> None:
         """Publish the sequence's full blocks whose tokens have all been computed (call after a step)."""
+        self._unwritten.discard(seq.seq_id)  # a step ran for it: its copy too
         if not self.enable_prefix_caching or seq.seq_id not in self._tables:
             return
         table = self._tables[seq.seq_id]
@@ -196,6 +285,8 @@ class BlockManager:
             if self._hash[block] is None and h not in self._cached:  # an equal block cached first stays
                 self._hash[block] = h
                 self._cached[h] = block
+                self._index(block, chain[i - 1] if i else root_hash(self.model),
+                            seq.token_ids(i * self.block_size, (i + 1) * self.block_size))
         self._num_hashed[seq.seq_id] = num_full
 
     def free(self, seq_id: int) -> int:
@@ -203,23 +294,56 @@ class BlockManager:
         Hashed blocks nobody else holds become evictable, the sequence's last blocks least recent (a
         prefix's head is worth more than its tail); the others go back to the free list."""
         table = self._tables.pop(seq_id, [])
-        self._chains.pop(seq_id, None)
-        self._num_hashed.pop(seq_id, None)
+        chain = self._chains.pop(seq_id, None)
+        num_hashed = self._num_hashed.pop(seq_id, 0)
+        seq = self._seqs.pop(seq_id, None)
+        self._copies.pop(seq_id, None)
         if self._pending is not None and self._pending[0] == seq_id:
             self._pending = None
+        if seq is not None and seq_id not in self._unwritten and num_hashed < len(table):
+            self._index_tail(seq, table[num_hashed], chain[num_hashed - 1] if chain and num_hashed else None,
+                             num_hashed)
+        self._unwritten.discard(seq_id)
         for block in reversed(table):
             self._ref[block] -= 1
             if self._ref[block] == 0:
-                if self._hash[block] is not None:
+                if self._hash[block] is not None or block in self._node:
                     self._evictable[block] = None
                 else:
                     self._free.append(block)
         return len(table)
 
+    def _index_tail(self, seq: Sequence, block: int, parent: BlockHash | None, index: int) -> None:
+        """Index the partly written block after a freed sequence's hashed ones, if a step wrote any of it."""
+        start = index * self.block_size
+        written = min(seq.num_computed_tokens, seq.num_tokens) - start
+        if written <= 0 or self._hash[block] is not None or block in self._node:
+            return
+        self._index(block, parent if parent is not None else root_hash(self.model),
+                    seq.token_ids(start, start + min(written, self.block_size)))
+
+    def _index(self, block: int, parent: BlockHash, tokens: list[int]) -> None:
+        self._node[block] = (parent, tuple(tokens))
+        self._children.setdefault(parent, {}).setdefault(tokens[0], {})[block] = tuple(tokens)
+
+    def _unindex(self, block: int) -> None:
+        node = self._node.pop(block, None)
+        if node is None:
+            return
+        parent, tokens = node
+        by_first = self._children[parent]
+        del by_first[tokens[0]][block]
+        if not by_first[tokens[0]]:
+            del by_first[tokens[0]]
+            if not by_first:
+                del self._children[parent]
+
     def check_conserved(self) -> None:
         """Every block is free, evictable, or referenced exactly as often as tables hold it; the hash
         index and the blocks agree (tests call this after each step)."""
         held: dict[int, int] = {}
+        for b in self._pins:  # a copy source is held by its plan
+            held[b] = held.get(b, 0) + 1
         for table in self._tables.values():
             if len(set(table)) != len(table):
                 raise AssertionError(f"a block twice in one table: {table}")
@@ -233,9 +357,14 @@ class BlockManager:
                                  f"{len(evictable)} evictable != {self.num_blocks}")
         for b in range(self.num_blocks):
             if self._ref[b] != held.get(b, 0):
-                raise AssertionError(f"block {b}: ref count {self._ref[b]}, held by {held.get(b, 0)} tables")
-        if any(self._hash[b] is not None for b in free) or any(self._hash[b] is None for b in evictable):
-            raise AssertionError("a free block keeps a hash, or an evictable block has none")
+                raise AssertionError(f"block {b}: ref count {self._ref[b]}, held by {held.get(b, 0)} tables and plans")
+        if any(self._hash[b] is not None or b in self._node for b in free) \
+                or any(self._hash[b] is None and b not in self._node for b in evictable):
+            raise AssertionError("a free block keeps a hash or an index entry, or an evictable block has neither")
+        indexed = {b for by_first in self._children.values() for blocks in by_first.values() for b in blocks}
+        if indexed != set(self._node) or any(self._hash[b] is not None and b not in self._node
+                                              for b in range(self.num_blocks)):
+            raise AssertionError("the token index and the indexed blocks disagree")
         if any(self._hash[b] != h for h, b in self._cached.items()) \
                 or sum(h is not None for h in self._hash) != len(self._cached):
             raise AssertionError("the hash index and the blocks' hashes disagree")

@@ -94,6 +94,8 @@ class ScheduledChunk:
     step must produce the sequence's next token. ``block_table`` holds the sequence's KV block ids as the
     plan leaves them (``StepScheduler.seal``): the runner reads and writes KV by them alone, so it never
     looks into the block manager the scheduler owns (vLLM's ``SchedulerOutput`` carries block ids too).
+    ``kv_copy`` (source block, block of this sequence, slots): keys and values the runner copies before the
+    chunk runs, where the sequence's cached prefix ends inside a block (``BlockManager``).
     """
 
     seq_id: int
@@ -101,6 +103,7 @@ class ScheduledChunk:
     num_tokens: int
     sample: bool
     block_table: list[int] = field(default_factory=list)  # set when the plan is complete
+    kv_copy: tuple[int, int, int] | None = None  # set when the plan is complete
 
 
 @dataclass(slots=True)

@@ -177,6 +177,9 @@ class ModelRunner:
                 self._matchers.reset(seq_id)
         if plan.is_empty:
             return StepOutput()
+        for chunk in plan.chunks:
+            if chunk.kv_copy is not None:  # its cached prefix ends inside a block: that part is copied
+                self.cache.copy_prefix(*chunk.kv_copy)
         batch = self.prepare(plan, seqs)
         logits, greedy = self._forward(batch)
         out = StepOutput()

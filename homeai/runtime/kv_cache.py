@@ -67,6 +67,13 @@ class KVCache:
         """Store ``kv`` [T, 2, kv_heads, head_dim] at ``slots`` [T] (in the cache's dtype)."""
         self.kv[layer].index_copy_(0, slots, kv.to(self.kv.dtype))
 
+    def copy_prefix(self, src_block: int, dst_block: int, num_slots: int) -> None:
+        """Copy the first ``num_slots`` slots of ``src_block`` into ``dst_block``, in every layer: a cached
+        prefix that ends inside a block (``ScheduledChunk.kv_copy``)."""
+        bs = self.block_size
+        s, d = src_block * bs, dst_block * bs
+        self.kv[:, d:d + num_slots].copy_(self.kv[:, s:s + num_slots])
+
     def gather(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """Keys and values at ``slots`` (any shape S), as S + [2, kv_heads, head_dim], in the cache's dtype."""
         return self.kv[layer].index_select(0, slots.reshape(-1)).view(*slots.shape, *self.kv.shape[2:])

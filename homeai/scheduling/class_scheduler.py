@@ -830,6 +830,7 @@ class ClassScheduler(StepScheduler):
     # ---- results ---------------------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
         with self.lock:
+            self.block_manager.release_pins()  # the step ran: its KV copies are done
             now = self.clock.now()
             if self._in_flight is not None:
                 start_s, num_tokens, rows, ctx = self._in_flight

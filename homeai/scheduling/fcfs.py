@@ -155,6 +155,7 @@ class FCFSScheduler(StepScheduler):
 
     def update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:
         with self.lock:
+            self.block_manager.release_pins()  # the step ran: its KV copies are done
             return self._update(plan, output)
 
     def _update(self, plan: StepPlan, output: StepOutput) -> list[Sequence]:

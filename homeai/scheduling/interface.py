@@ -149,11 +149,13 @@ class StepScheduler(ABC):
 
     def seal(self, plan: StepPlan) -> StepPlan:
         """Give each chunk of a complete plan its sequence's block ids (what its KV is read from and
-        written to); a schedule() returns its plan through this. The lists are the block manager's own,
-        not copies: nothing changes them between schedule() and update(), which runs on the same thread."""
-        tables = self.block_manager.block_table
+        written to) and the KV copy a newly admitted one needs first; a schedule() returns its plan through
+        this. The lists are the block manager's own, not copies: nothing changes them between schedule() and
+        update(), which runs on the same thread."""
+        bm = self.block_manager
         for chunk in plan.chunks:
-            chunk.block_table = tables(chunk.seq_id)
+            chunk.block_table = bm.block_table(chunk.seq_id)
+            chunk.kv_copy = bm.take_copy(chunk.seq_id)
         return plan
 
     def _apply_chunk(self, seq: Sequence, num_tokens: int, sampled: int | None, now_s: float) -> bool:

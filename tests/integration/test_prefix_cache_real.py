@@ -74,5 +74,6 @@ def test_quick_prefix_bench_prints_all_figures(pulled_models: dict[str, Path], h
     for key in ("cold_ttft_ms", "warm_ttft_ms", "warm_ttft_ratio", "voice_ttft_p50_ms_cached",
                 "voice_ttft_p50_ms_uncached", "voice_ttft_p50_ratio", "hit_rate"):
         assert out[key] > 0, key
-    assert out["voice_turns"] == 4 and out["request_hit_rate"] == 0.75  # every turn after the first hits
+    # every turn after the first hits; the first may too, by the chat template's first tokens (reuse is by token)
+    assert out["voice_turns"] == 4 and out["request_hit_rate"] >= 0.75
     assert out["system_prompt_tokens"] >= 200

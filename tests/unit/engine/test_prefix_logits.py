@@ -1,6 +1,7 @@
 """A prefix-cache hit computes what a cold run computes: the logits of every sampled step of a request
 served partly from cached blocks equal those of the same request alone on a cold engine (max abs diff
-<= 1e-3), for a prefix ending mid-block, for sequences sharing blocks while they run, after eviction,
+<= 1e-3), for a prefix ending mid-block (copied from a published block, or the block a finished run left
+taken over), for sequences sharing blocks while they run, after eviction,
 and after preemption. The tiny random Llama runs the real runner, scheduler and paged cache."""
 
 from __future__ import annotations
@@ -91,14 +92,30 @@ def test_a_prefix_ending_mid_block_is_reused_and_changes_no_logit(make_engine) -
     step = len(rec.plans)
     sid = rec.add("second", second)
     rec.run()
-    assert rec.first_chunk_start(sid, step) == 8 and hit_tokens(rec.engine) == 8
+    # two whole blocks, and the 2 slots of first's third block it shares, copied (that block is published)
+    assert rec.first_chunk_start(sid, step) == 10 and hit_tokens(rec.engine) == 10
+    assert [c.kv_copy[2] for p in rec.plans[step:] for c in p.chunks if c.kv_copy] == [2]
     third = system[:8] + tokens(6, 1)  # all but its last token cached: that one runs as a decode row
     step = len(rec.plans)
     sid = rec.add("third", third)
     rec.run()
-    assert rec.first_chunk_start(sid, step) == 8 and hit_tokens(rec.engine) == 16
+    assert rec.first_chunk_start(sid, step) == 8 and hit_tokens(rec.engine) == 18
     for name, prompt in (("first", first), ("second", second), ("third", third)):
         assert_same_logits(rec.logits[name], cold_logits(make_engine, prompt))
+    assert_engine_empty(rec.engine)
+
+
+def test_a_repeated_prompt_computes_only_its_last_token_and_changes_no_logit(make_engine) -> None:
+    prompt = tokens(11, 11)  # two full blocks and 3 tokens in a third
+    rec = Recorder(make_engine(num_blocks=64, block_size=BS, prefix_caching=True))
+    rec.add("first", prompt, max_tokens=1)  # its last block is written up to the prompt's end
+    rec.run()
+    step = len(rec.plans)
+    sid = rec.add("again", prompt)
+    rec.run()
+    first = next(c for p in rec.plans[step:] for c in p.chunks if c.seq_id == sid)
+    assert (first.start, first.num_tokens, first.kv_copy) == (10, 1, None)  # the tail block taken over
+    assert_same_logits(rec.logits["again"], cold_logits(make_engine, prompt))
     assert_engine_empty(rec.engine)
 
 

@@ -55,6 +55,11 @@ class ShadowRunner:
             seq = seqs.get(chunk.seq_id)
             if seq is None:  # aborted while the step ran: its KV is never written
                 continue
+            if chunk.kv_copy is not None:  # a prefix that ends inside a block: copied as the runner copies
+                src, dst, n = chunk.kv_copy
+                bs = self.bm.block_size
+                for k in range(n):
+                    self.slots[dst * bs + k] = self.slots[src * bs + k]
             end = chunk.start + chunk.num_tokens
             assert chunk.start == seq.num_computed_tokens and end <= seq.num_tokens
             tokens = seq.token_ids(0, end)
