@@ -18,7 +18,9 @@ Phases, in this order (``--phases`` picks some):
 2. idle       sequential requests of 2 tokens after a 46-token prompt: ``idle_ttft_p50_ms`` with every
               prompt new (computed in full), then ``idle_warm_ttft_p50_ms`` for a voice assistant's turns:
               the same system message each time, the user's last few words new (what a prefix cache
-              keeps, ours by whole 16-token blocks, llama-server's by token)
+              keeps: ours and llama-server's by token), then ``idle_repeat_ttft_p50_ms`` with that
+              conversation's first turn sent again each time (a prompt cached whole: only its last token
+              is computed, as llama-server computes it)
 3. streams    1, 4, 8, 16 clients each sending 128-token requests back to back for a fixed time:
               ``streams_N_tok_s``, the tokens that arrived inside the time ÷ the time
 4. household  voice every 2 s (40-token prompt, 32 tokens), chat every 5 s (100-token prompt, 128 tokens)
@@ -409,7 +411,13 @@ async def idle_phase(target: Target, opts: BenchOptions, log: Log) -> tuple[dict
     for turn in range(1, opts.idle_requests + 1):
         await asyncio.sleep(IDLE_GAP_S)
         warm.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=turn))
-    return {**idle_figures(cold), **idle_figures(warm[1:], "idle_warm")}, cold + warm
+    log(f"idle: its first turn, {opts.idle_requests} times again")
+    repeat: list[RequestRecord] = []
+    for _ in range(opts.idle_requests):
+        await asyncio.sleep(IDLE_GAP_S)
+        repeat.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=0))
+    return ({**idle_figures(cold), **idle_figures(warm[1:], "idle_warm"), **idle_figures(repeat, "idle_repeat")},
+            cold + warm + repeat)
 
 
 async def streams_level(target: Target, streams: int, window_s: float, max_tokens: int,
@@ -640,7 +648,8 @@ def assemble_report(url: str, model: str, opts: BenchOptions, figures: dict[str,
     """One JSON object: the headline figures first (null for a phase not run), then what they ran on."""
     levels = dict.fromkeys(f"streams_{n}_tok_s" for n in sorted({*STANDARD_LEVELS, *opts.stream_levels}))
     return {"single_decode_tok_s": None, "idle_ttft_p50_ms": None, "idle_ttft_p99_ms": None,
-            "idle_warm_ttft_p50_ms": None, "idle_warm_ttft_p99_ms": None, **levels,
+            "idle_warm_ttft_p50_ms": None, "idle_warm_ttft_p99_ms": None,
+            "idle_repeat_ttft_p50_ms": None, "idle_repeat_ttft_p99_ms": None, **levels,
             "household": None, **figures,
             "errors": error_counts(records), "error_examples": error_examples(records),
             "lost": lost_count(records), "rss_mb": memory, "load_avg_1m": load,
@@ -652,7 +661,7 @@ def assemble_report(url: str, model: str, opts: BenchOptions, figures: dict[str,
 def format_table(report: dict[str, Any]) -> str:
     """The report for people: one figure a line, the household's loaded and reference side by side."""
     lines = [f"{'model':<28} {report['model']} at {report['url']}"]
-    scalar = ["single_decode_tok_s", "idle_ttft_p50_ms", "idle_warm_ttft_p50_ms",
+    scalar = ["single_decode_tok_s", "idle_ttft_p50_ms", "idle_warm_ttft_p50_ms", "idle_repeat_ttft_p50_ms",
               *(k for k in report if k.startswith("streams_"))]
     lines += [f"{key:<28} {_fmt(report.get(key))}" for key in scalar]
     if household := report.get("household"):

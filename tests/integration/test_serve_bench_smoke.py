@@ -32,8 +32,8 @@ def test_quick_serve_bench_reports_every_figure(pulled_models: dict[str, Path], 
 
     assert out["errors"] == {"total": 0}, out["error_examples"]
     assert out["lost"] == 0
-    for key in ("single_decode_tok_s", "idle_ttft_p50_ms", "idle_warm_ttft_p50_ms", "streams_1_tok_s",
-                "streams_4_tok_s", "streams_8_tok_s", "streams_16_tok_s"):
+    for key in ("single_decode_tok_s", "idle_ttft_p50_ms", "idle_warm_ttft_p50_ms", "idle_repeat_ttft_p50_ms",
+                "streams_1_tok_s", "streams_4_tok_s", "streams_8_tok_s", "streams_16_tok_s"):
         assert out[key] > 0, key
     household = out["household"]
     for key in HOUSEHOLD_KEYS:
@@ -53,4 +53,5 @@ def test_url_measures_a_running_server(pulled_models: dict[str, Path], homeai_ca
                         "--idle-requests", "2")
     assert out["errors"] == {"total": 0} and out["lost"] == 0
     assert out["idle_ttft_p50_ms"] > 0 and out["idle_warm_ttft_p50_ms"] > 0 and out["single_decode_tok_s"] > 0
+    assert out["idle_repeat_ttft_p50_ms"] > 0
     assert out["rss_mb"] is None and out["household"] is None and out["streams_16_tok_s"] is None
