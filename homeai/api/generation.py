@@ -38,6 +38,7 @@ class Generation:
         self.route, self.prompt_ids, self.params, self.ctx, self.kind = route, prompt_ids, params, ctx, kind
         self.request_id = uuid.uuid4().hex
         self.num_output_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache held (OpenAI usage's cached_tokens)
         self.logprobs: list[TokenLogprob] = []  # every token's, when the params ask for them
         self._first: TokenDelta | None = None
         self._iterator: AsyncGenerator[TokenDelta, None] | None = None
@@ -97,6 +98,7 @@ class Generation:
 
     def _count(self, delta: TokenDelta) -> None:
         self.num_output_tokens += len(delta.token_ids)
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.logprobs += delta.logprobs
 
 

@@ -136,10 +136,15 @@ class EmbeddingRequest(Struct, kw_only=True):
 
 
 # ---- responses ----------------------------------------------------------------------------------
+class PromptTokensDetails(Struct):
+    cached_tokens: int  # found in the prefix cache, not computed again
+
+
 class Usage(Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class AssistantMessage(Struct):

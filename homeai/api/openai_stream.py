@@ -19,6 +19,7 @@ from homeai.api.openai_schemas import (
     ChatCompletion,
     Completion,
     CompletionChoice,
+    PromptTokensDetails,
     Usage,
 )
 from homeai.api.streaming import SSE_DONE, sse_data
@@ -36,7 +37,8 @@ def finish_reason(reason: FinishReason | None, calls: bool = False) -> str:
 
 def usage(gen: Generation) -> Usage:
     n_in, n_out = len(gen.prompt_ids), gen.num_output_tokens
-    return Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out)
+    return Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=gen.num_cached_tokens))
 
 
 def wire_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:

@@ -124,7 +124,8 @@ class _Reply:
             "text": msgspec.to_builtins(data.text) if data.text else {"format": {"type": "text"}},
             "usage": None if output is None else {
                 "input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
-                "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
+                "input_tokens_details": {"cached_tokens": self.gen.num_cached_tokens},
+                "output_tokens_details": {"reasoning_tokens": 0}},
         }
 
 

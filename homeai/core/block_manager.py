@@ -199,6 +199,7 @@ class BlockManager:
             self._seqs[seq.seq_id] = seq
             if seq.num_preemptions == 0:
                 self.stats.record(seq.class_name, seq.num_prompt_tokens, num_hit_tokens)
+                seq.num_cached_prompt_tokens = num_hit_tokens  # the usage a client sees (cached_tokens)
         return num_hit_tokens
 
     def take_copy(self, seq_id: int) -> tuple[int, int, int] | None:

@@ -74,6 +74,7 @@ class Sequence:
     queue_item: object | None = None  # the scheduler's handle in its class queue
     num_charged_prompt_tokens: int = 0  # prompt tokens fairness has charged (not again after preemption)
     num_emitted_tokens: int = 0  # output tokens already handed to the stream
+    num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
     error: str | None = None  # why it failed, for the client (a timeout is a status, not this text)
 
     @property

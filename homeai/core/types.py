@@ -79,6 +79,7 @@ class TokenDelta:
     error: str | None = None
     timed_out: bool = False  # it waited in its queue past its timeout (the API answers 503)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when asked for
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed (usage's cached_tokens)
 
     @property
     def finished(self) -> bool:

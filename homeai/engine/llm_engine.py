@@ -268,7 +268,8 @@ class LLMEngine:
         text, seq.pending_text = seq.pending_text, ""
         delta = TokenDelta(seq.request_id, text, new_ids, seq.num_prompt_tokens, seq.num_output_tokens,
                            seq.status.finish_reason, seq.error,
-                           timed_out=seq.status == SequenceStatus.FINISHED_TIMED_OUT)
+                           timed_out=seq.status == SequenceStatus.FINISHED_TIMED_OUT,
+                           num_cached_tokens=seq.num_cached_prompt_tokens)
         sid = seq.seq_id
         if seq.params.logprobs is not None and output is not None and sid in output.sampled and new_ids:
             delta.logprobs = [TokenLogprob(output.sampled[sid], output.logprobs[sid], output.top_logprobs.get(sid, []))]

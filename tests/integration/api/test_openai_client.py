@@ -41,6 +41,8 @@ def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # the same prompt again: the prefix cache holds all of it (by token), all but the last token is reused
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
 
 
 def test_chat_sampling_options_and_stop(client: OpenAI) -> None:
@@ -78,6 +80,7 @@ def test_responses(client: OpenAI) -> None:
     again = client.responses.create(model="chat", input="What is the capital of France?", temperature=0,
                                     instructions="Answer briefly.", max_output_tokens=8)
     assert deltas == events[-1].response.output_text == again.output_text
+    assert again.usage.input_tokens_details.cached_tokens == again.usage.input_tokens - 1
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
