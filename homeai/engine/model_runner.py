@@ -171,15 +171,20 @@ class ModelRunner:
         idx = batch.logits_idx  # rows are the step's tokens in order (all_decode): the sampled tokens' rows
         return out.logits[idx], GreedyPick(out.greedy.tokens[idx], out.greedy.logprobs[idx])
 
+    def copy_reused_kv(self, plan: StepPlan) -> None:
+        """Before the step: the keys and values a chunk reuses from a published block, where its cached
+        prefix ends inside a block (``ScheduledChunk.kv_copy``), go into its own block."""
+        for chunk in plan.chunks:
+            if chunk.kv_copy is not None:
+                self.cache.copy_prefix(*chunk.kv_copy)
+
     def execute(self, plan: StepPlan, seqs: dict[int, Sequence]) -> StepOutput:
         if self._matchers is not None:
             for seq_id in plan.preempted:  # recomputed later: the matcher replays its tokens then
                 self._matchers.reset(seq_id)
         if plan.is_empty:
             return StepOutput()
-        for chunk in plan.chunks:
-            if chunk.kv_copy is not None:  # its cached prefix ends inside a block: that part is copied
-                self.cache.copy_prefix(*chunk.kv_copy)
+        self.copy_reused_kv(plan)
         batch = self.prepare(plan, seqs)
         logits, greedy = self._forward(batch)
         out = StepOutput()

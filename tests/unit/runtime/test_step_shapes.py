@@ -5,7 +5,8 @@ and above the largest bucket; mixed steps; prompt-only steps with and without a 
 chunk in mid-prompt, as a prefix-cache hit or a nearly full KV pool leaves; prompts longer than any
 one step; requests of a single output token) and drives each through the real ModelRunner of every
 format, beside float32 eager on the same weights: the logits of every sampled row must match within the
-format's tolerance, and no step may raise. The model is a small random Llama of real head size (64, so the
+format's tolerance, and no step may raise. A prefix the cache reuses inside a block (copied, or taken
+over) goes through every format too. The model is a small random Llama of real head size (64, so the
 native decode-attention kernel serves it as it serves SmolLM2), loaded in milliseconds.
 """
 
@@ -137,6 +138,52 @@ def test_every_step_shape_matches_float32_eager(stacks: dict[str, Stack], quanti
     finally:
         ref.forget(seqs)
         under_test.forget(seqs)
+
+
+@pytest.mark.parametrize(("quantization", "compiled"), VARIANTS)
+def test_a_prefix_reused_inside_a_block_matches_float32_eager(stacks: dict[str, Stack], quantization: str,
+                                                              compiled: bool) -> None:
+    """The prefix cache's two shapes inside a block, in every format: a prompt sharing 6 tokens with one
+    computed before (its first block found whole, 2 slots of the second copied, the rest a prompt chunk),
+    then the first prompt again (its partly written last block taken over: only its last token runs, a
+    one-row step, compiled where the variant compiles). Logits as float32 eager computing each cold."""
+    ref, under_test = stacks["none"], stacks[f"{quantization}{'-compiled' if compiled else ''}"]
+    bm = BlockManager(NUM_BLOCKS, BLOCK, enable_prefix_caching=True)  # the stack's own pool holds nothing now
+    first = list(range(10, 21))  # 11 tokens: two full blocks and 3 tokens in a third
+    second = first[:6] + [60, 61, 62]
+
+    def warm(seq_id: int, prompt: list[int]) -> tuple[ScheduledChunk, torch.Tensor]:
+        seq = Sequence(seq_id, f"r{seq_id}", prompt, SamplingParams(temperature=0.0, max_tokens=1))
+        cached = bm.lookup(seq)
+        seq.num_computed_tokens = bm.admit(seq, seq.num_tokens - cached)
+        chunk = ScheduledChunk(seq_id, cached, seq.num_tokens - cached, sample=True,
+                               block_table=bm.block_table(seq_id), kv_copy=bm.take_copy(seq_id))
+        plan = StepPlan([chunk])
+        under_test.runner.copy_reused_kv(plan)  # as execute() does before prepare
+        logits, _ = under_test.runner._forward(under_test.runner.prepare(plan, {seq_id: seq}))
+        seq.num_computed_tokens = seq.num_tokens
+        bm.cache_blocks(seq)
+        bm.release_pins()
+        bm.free(seq_id)
+        return chunk, logits
+
+    def cold(prompt: list[int]) -> torch.Tensor:
+        seqs = {0: Sequence(0, "cold", prompt, SamplingParams(temperature=0.0, max_tokens=1))}
+        try:
+            return ref.logits(StepPlan([ScheduledChunk(0, 0, len(prompt), sample=True)]), seqs)
+        finally:
+            ref.forget(seqs)
+
+    warm(0, first)
+    copied, got_second = warm(1, second)
+    assert (copied.start, copied.kv_copy is not None and copied.kv_copy[2]) == (6, 2)
+    before = under_test.runner.compiled_steps
+    taken, got_first = warm(2, first)
+    assert (taken.start, taken.num_tokens, taken.kv_copy) == (10, 1, None)
+    assert under_test.runner.compiled_steps == before + compiled
+    for got, want in ((got_second, cold(second)), (got_first, cold(first))):
+        diff, scale = (got - want).abs().max().item(), want.abs().max().item()
+        assert diff <= TOLERANCE[quantization] * scale, f"{under_test.name}: {diff:.4g} vs scale {scale:.3g}"
 
 
 def test_the_compiled_variants_served_compiled_steps(stacks: dict[str, Stack]) -> None:
