@@ -17,7 +17,7 @@ sequence holds is never evicted.
 Beyond vLLM, a prefix may end inside a block, as llama.cpp's prompt cache reuses a prompt token by token:
 a voice assistant's next turn repeats the system message and most of the words, and an identical prompt
 would otherwise compute again up to 15 tokens its whole blocks leave over. Every block whose leading
-tokens are known written is indexed by its parent's hash and its tokens (``_children``): the hashed full
+tokens are known written is indexed by its parent's hash and its tokens (``BlockIndex``): the hashed full
 blocks, and the last, partly written block of a sequence that ended (a *tail*; evictable as hashed blocks
 are). A lookup that stops inside a block reuses the longest common run of tokens such a block holds: a
 tail nobody holds the new sequence simply takes over (an identical prompt then computes its last token
@@ -33,6 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from homeai.core.block_hash import BlockHash, extend_chain, root_hash
+from homeai.core.block_index import BlockIndex
 from homeai.core.prefix_stats import PrefixCacheStats
 from homeai.core.sequence import Sequence
 
@@ -62,9 +63,7 @@ class BlockManager:
         # Only one is kept, so a request that never gets admitted (a queue timeout) leaves nothing behind.
         # The partial block it found, if any: (source block, tokens whose KV the source holds for this prompt).
         self._pending: tuple[int, list[int], list[BlockHash], tuple[int, int] | None] | None = None
-        # Blocks whose leading tokens are written, by parent hash and first token: block -> those tokens.
-        self._children: dict[BlockHash, dict[int, dict[int, tuple[int, ...]]]] = {}
-        self._node: dict[int, tuple[BlockHash, tuple[int, ...]]] = {}  # indexed block -> (parent, tokens)
+        self._index = BlockIndex()  # blocks whose leading tokens are written (hashed ones and tails)
         self._seqs: dict[int, Sequence] = {}  # admitted sequences: their tail is indexed when they free
         self._copies: dict[int, tuple[int, int, int]] = {}  # seq id -> (source, its block, slots), not yet planned
         self._unwritten: set[int] = set()  # sequences whose copy has not run yet (no step applied since)
@@ -122,18 +121,7 @@ class BlockManager:
         limit = min(self.block_size, seq.num_tokens - 1 - start)
         if limit < 1:
             return None
-        want = seq.token_ids(start, start + limit)
-        candidates = self._children.get(parent, {}).get(want[0])
-        if not candidates:
-            return None
-        best, best_n = -1, 0
-        for block, tokens in candidates.items():
-            n = 1
-            while n < limit and n < len(tokens) and tokens[n] == want[n]:
-                n += 1
-            if n > best_n:
-                best, best_n = block, n
-        return best, best_n
+        return self._index.longest(parent, seq.token_ids(start, start + limit))
 
     def _hits(self, seq_id: int) -> list[int]:
         pending = self._pending
@@ -187,7 +175,7 @@ class BlockManager:
         partial = self._partial(seq.seq_id)
         num_hit_tokens = num_full * self.block_size + (partial[1] if partial is not None else 0)
         if partial is not None:
-            if partial[0] not in self._node:  # evicted since lookup(): a scheduler bug, never a wrong KV
+            if partial[0] not in self._index:  # evicted since lookup(): a scheduler bug, never a wrong KV
                 raise RuntimeError(f"block {partial[0]} sequence {seq.seq_id} reuses was evicted before admission")
             if self._hash[partial[0]] is not None:  # a published block: copied, so held until the copy has run
                 self._pin(partial[0])  # before allocating: the source must not be the block evicted for it
@@ -239,7 +227,7 @@ class BlockManager:
         table = list(hits)
         if partial is not None and self._hash[partial[0]] is None:
             tail = partial[0]  # a tail nobody holds: the sequence takes it over, its written slots and all
-            self._unindex(tail)
+            self._index.remove(tail)
             del self._evictable[tail]
             self._ref[tail] = 1
             table.append(tail)
@@ -258,7 +246,7 @@ class BlockManager:
         done = 0
         while done < num_blocks and self._evictable:
             block, _ = self._evictable.popitem(last=False)
-            self._unindex(block)
+            self._index.remove(block)
             h = self._hash[block]
             if h is not None:
                 del self._cached[h]
@@ -286,8 +274,8 @@ class BlockManager:
             if self._hash[block] is None and h not in self._cached:  # an equal block cached first stays
                 self._hash[block] = h
                 self._cached[h] = block
-                self._index(block, chain[i - 1] if i else root_hash(self.model),
-                            seq.token_ids(i * self.block_size, (i + 1) * self.block_size))
+                self._index.add(block, chain[i - 1] if i else root_hash(self.model),
+                                seq.token_ids(i * self.block_size, (i + 1) * self.block_size))
         self._num_hashed[seq.seq_id] = num_full
 
     def free(self, seq_id: int) -> int:
@@ -308,7 +296,7 @@ class BlockManager:
         for block in reversed(table):
             self._ref[block] -= 1
             if self._ref[block] == 0:
-                if self._hash[block] is not None or block in self._node:
+                if self._hash[block] is not None or block in self._index:
                     self._evictable[block] = None
                 else:
                     self._free.append(block)
@@ -318,26 +306,10 @@ class BlockManager:
         """Index the partly written block after a freed sequence's hashed ones, if a step wrote any of it."""
         start = index * self.block_size
         written = min(seq.num_computed_tokens, seq.num_tokens) - start
-        if written <= 0 or self._hash[block] is not None or block in self._node:
+        if written <= 0 or self._hash[block] is not None or block in self._index:
             return
-        self._index(block, parent if parent is not None else root_hash(self.model),
-                    seq.token_ids(start, start + min(written, self.block_size)))
-
-    def _index(self, block: int, parent: BlockHash, tokens: list[int]) -> None:
-        self._node[block] = (parent, tuple(tokens))
-        self._children.setdefault(parent, {}).setdefault(tokens[0], {})[block] = tuple(tokens)
-
-    def _unindex(self, block: int) -> None:
-        node = self._node.pop(block, None)
-        if node is None:
-            return
-        parent, tokens = node
-        by_first = self._children[parent]
-        del by_first[tokens[0]][block]
-        if not by_first[tokens[0]]:
-            del by_first[tokens[0]]
-            if not by_first:
-                del self._children[parent]
+        self._index.add(block, parent if parent is not None else root_hash(self.model),
+                        seq.token_ids(start, start + min(written, self.block_size)))
 
     def check_conserved(self) -> None:
         """Every block is free, evictable, or referenced exactly as often as tables hold it; the hash
@@ -359,13 +331,12 @@ class BlockManager:
         for b in range(self.num_blocks):
             if self._ref[b] != held.get(b, 0):
                 raise AssertionError(f"block {b}: ref count {self._ref[b]}, held by {held.get(b, 0)} tables and plans")
-        if any(self._hash[b] is not None or b in self._node for b in free) \
-                or any(self._hash[b] is None and b not in self._node for b in evictable):
+        if any(self._hash[b] is not None or b in self._index for b in free) \
+                or any(self._hash[b] is None and b not in self._index for b in evictable):
             raise AssertionError("a free block keeps a hash or an index entry, or an evictable block has neither")
-        indexed = {b for by_first in self._children.values() for blocks in by_first.values() for b in blocks}
-        if indexed != set(self._node) or any(self._hash[b] is not None and b not in self._node
-                                              for b in range(self.num_blocks)):
-            raise AssertionError("the token index and the indexed blocks disagree")
+        self._index.check()
+        if any(self._hash[b] is not None and b not in self._index for b in range(self.num_blocks)):
+            raise AssertionError("a hashed block is missing from the token index")
         if any(self._hash[b] != h for h, b in self._cached.items()) \
                 or sum(h is not None for h in self._hash) != len(self._cached):
             raise AssertionError("the hash index and the blocks' hashes disagree")
