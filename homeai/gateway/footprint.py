@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -104,18 +105,23 @@ def build_catalog(entries: dict[str, ModelEntry], cache_dir: Path, device: str |
     return ModelCatalog(models, device_memory_bytes(dev), default_kv_cache_mb, require_pulled, dev.type)
 
 
-def free_engine(engine: LLMEngine) -> None:
-    """Give an unloaded engine's memory back: its compilation stops, its tensors go with the last reference
-    to it, and the allocator hands the pages back (glibc's arenas on the CPU, torch's cache on a GPU)."""
-    import gc
-
-    from homeai.runtime.device import release_free_memory
-
+def free_engine(engine: LLMEngine) -> Callable[[], None]:
+    """An unloaded engine: its compilation stops now; its tensors go with the last reference to it, which
+    the caller holds, so what hands the pages back (glibc's arenas on the CPU, torch's cache on a GPU) is
+    returned, for the caller to run once it has dropped the engine. Trimming while the caller still named
+    it freed nothing: only tensors glibc had mapped on their own went back at once."""
     if engine.runner.compiled is not None:
         engine.runner.compiled.stop()
     device = engine.runner.device
-    del engine
-    gc.collect()
-    release_free_memory()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+
+    def reclaim() -> None:
+        import gc
+
+        from homeai.runtime.device import release_free_memory
+
+        gc.collect()
+        release_free_memory()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    return reclaim

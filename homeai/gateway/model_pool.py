@@ -88,13 +88,14 @@ class ModelPool:
     """The residency of every LLM (see the module docstring). ``load`` builds an engine (in a thread of
     its own, never the device thread), ``attach`` and ``detach`` hand it to and take it from the device
     loop (their futures say when that happened; detach's False: the model still had work), ``free``
-    gives its memory back."""
+    stops what still runs for it and returns what gives its memory back, called once the pool holds the
+    engine no more (while a caller's name for it lives, its tensors stay allocated and nothing is freed)."""
 
     budget_bytes: int | None
     load: Callable[[str], LLMEngine]
     attach: Callable[[str, LLMEngine], Future[bool]]
     detach: Callable[[str], Future[bool]]
-    free: Callable[[LLMEngine], None]
+    free: Callable[[LLMEngine], Callable[[], None] | None]
     measure: Callable[[LLMEngine], tuple[int, int]]
     fixed_bytes: int = 0  # the encoders' weights: nothing evicts them
     clock: Callable[[], float] = time.monotonic
@@ -256,7 +257,10 @@ class ModelPool:
                     return False
                 engine, res.engine = res.engine, None
             if engine is not None:
-                self.free(engine)
+                reclaim = self.free(engine)
+                del engine  # the last reference: its tensors are freed here
+                if reclaim is not None:
+                    reclaim()
             with self._lock:
                 res.weights_bytes, res.kv_bytes = 0, 0
                 if res.state == "unloading":  # else a request is loading it again (after this)

@@ -128,7 +128,9 @@ def test_keep_alive_0_unloads_the_chat_model_and_the_next_request_loads_it(two_m
         wait_until(lambda: http.get("/v1/stats").json()["models"][INT4]["state"] == "unloaded",
                    what="the chat model's memory freed")
         after = rss_mb(two_models)
-        assert after < before - 40, (before, after)  # its weights (about 100 MB) went back to the system
+        # its weights (int4 nibbles and headers, the int8 embedding: ~110 MB) and KV cache (16 MB) went back to
+        # the system (40 MB or less while the pool still held the engine as glibc trimmed)
+        assert after < before - 100, (before, after)
         pinned = http.post("/api/generate", json={"model": F32, "keep_alive": 0})
         assert pinned.json()["done_reason"] == "load" and F32 in loaded_models(http)  # pinned: it stays
         r = ask(http, "chat")
