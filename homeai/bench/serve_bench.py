@@ -401,21 +401,21 @@ async def single_phase(target: Target, opts: BenchOptions, log: Log) -> tuple[di
 
 
 async def idle_phase(target: Target, opts: BenchOptions, log: Log) -> tuple[dict[str, Any], list[RequestRecord]]:
-    log(f"idle: {opts.idle_requests} sequential voice requests, {IDLE_PROMPT_TOKENS}-token prompt")
-    cold: list[RequestRecord] = []
-    for _ in range(opts.idle_requests):
-        cold.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS))
-        await asyncio.sleep(IDLE_GAP_S)
-    log(f"idle: {opts.idle_requests} turns of one voice conversation (the last {VOICE_TURN_NEW_WORDS} words new)")
-    warm = [await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=0)]  # its first turn: not counted
-    for turn in range(1, opts.idle_requests + 1):
-        await asyncio.sleep(IDLE_GAP_S)
-        warm.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=turn))
-    log(f"idle: its first turn, {opts.idle_requests} times again")
-    repeat: list[RequestRecord] = []
-    for _ in range(opts.idle_requests):
-        await asyncio.sleep(IDLE_GAP_S)
-        repeat.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=0))
+    async def one_by_one(turns: list[int | None]) -> list[RequestRecord]:
+        """Sequential voice requests, each IDLE_GAP_S after the one before (``turn`` None: a new prompt)."""
+        records = []
+        for turn in turns:
+            await asyncio.sleep(IDLE_GAP_S)
+            records.append(await target.request("voice", IDLE_PROMPT_TOKENS, IDLE_MAX_TOKENS, turn=turn))
+        return records
+
+    n = opts.idle_requests
+    log(f"idle: {n} sequential voice requests, {IDLE_PROMPT_TOKENS}-token prompt")
+    cold = await one_by_one([None] * n)
+    log(f"idle: {n} turns of one voice conversation (the last {VOICE_TURN_NEW_WORDS} words new)")
+    warm = await one_by_one(list(range(n + 1)))  # its first turn (0) is not counted
+    log(f"idle: its first turn, {n} times again")
+    repeat = await one_by_one([0] * n)
     return ({**idle_figures(cold), **idle_figures(warm[1:], "idle_warm"), **idle_figures(repeat, "idle_repeat")},
             cold + warm + repeat)
 
