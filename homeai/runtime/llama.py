@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from homeai.runtime.device import release_free_memory
+from homeai.runtime.kernels import LayerGlue
 from homeai.runtime.kv_cache import KVCache, kv_cache_dtype
 from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
 from homeai.runtime.quant import CPU_HAS_AMX, Linear, make_linear
@@ -135,6 +136,13 @@ class LlamaModel(torch.nn.Module):
             from homeai.runtime.kernels import decode_attention
 
             self.paged_attention = decode_attention()
+        # Eager steps' elementwise work fused where the native kernels serve (float32 on an AVX-512 CPU).
+        self.glue: LayerGlue | None = None
+        if device.type == "cpu" and dtype == torch.float32 and cfg.head_dim % 16 == 0:
+            from homeai.runtime.kernels import layer_glue
+
+            self.glue = layer_glue()
+        self._rope_pairs = torch.view_as_real(self.rope_table)  # [max_pos, d/2, 2]: (cos, sin) per pair
         self.kv_dtype = kv_cache_dtype(dtype, quantization, self.paged_attention is not None)
         # Prompt chunks attend in bfloat16 on a CPU with AMX (quantized weights only, whose prompts already
         # round more): SDPA's CPU kernel runs bfloat16 on AMX, 2.6x float32's speed at a 256-token chunk over
@@ -187,26 +195,51 @@ class LlamaModel(torch.nn.Module):
         num_tokens = input_ids.shape[0]
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size = h * d
-        qk_size = (h + kvh) * d
-        rope = self.rope_table[positions].unsqueeze(1)  # [T, 1, d/2] complex
-        x = self.embed.embed(input_ids, self.dtype)
+        x = self.embed.embed(input_ids, self.dtype).contiguous()  # a fresh tensor: the residual adds go into it
+        delta: torch.Tensor | None = None  # the last sublayer's output, added to x where the next norm runs
         for li, layer in enumerate(self.layers):
-            hs = F.rms_norm(x, (cfg.hidden_size,), layer.attn_norm, cfg.rms_norm_eps)
+            hs = self._add_norm(x, delta, layer.attn_norm)
             qkv = layer.qkv(hs)
-            # RoPE on q and k heads together, in place: they are adjacent in qkv.
-            qk = qkv[:, :qk_size]
-            rotated = torch.view_as_complex(qk.float().reshape(num_tokens, h + kvh, d // 2, 2)) * rope
-            qk.copy_(torch.view_as_real(rotated).view(num_tokens, qk_size))
+            self._rope(qkv, positions)
             q = qkv[:, :q_size].view(num_tokens, h, d)
             kv = qkv[:, q_size:].view(num_tokens, 2, kvh, d)  # the cache's slot layout
             cache.write(li, meta.slot_mapping, kv)
             attn = self._attention(li, q, kv, meta, cache)
-            x = x + layer.o(attn.reshape(num_tokens, q_size))
-            x = self.mlp_residual(layer, x)
+            hs = self._add_norm(x, layer.o(attn.reshape(num_tokens, q_size)), layer.mlp_norm)
+            delta = layer.down(self._silu_mul(layer.gate_up(hs)))
         if logits_idx.numel() == 0:  # only mid-prompt chunks: no row samples, so no logits to compute
             return x.new_empty((0, cfg.vocab_size), dtype=torch.float32)
-        x = F.rms_norm(x[logits_idx], (cfg.hidden_size,), self.final_norm, cfg.rms_norm_eps)
-        return self.lm_head(x).float()
+        assert delta is not None
+        x = (x[logits_idx] + delta[logits_idx]).contiguous()
+        return self.lm_head(self._add_norm(x, None, self.final_norm)).float()
+
+    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+        """``x += delta`` in place (the residual), then x's RMSNorm: one pass with the native glue."""
+        if self.glue is not None:
+            return self.glue.add_rms_norm(x, None if delta is None else delta.contiguous(), weight,
+                                          self.cfg.rms_norm_eps)
+        if delta is not None:
+            x.add_(delta)
+        return F.rms_norm(x, (self.cfg.hidden_size,), weight, self.cfg.rms_norm_eps)
+
+    def _rope(self, qkv: torch.Tensor, positions: torch.Tensor) -> None:
+        """RoPE on the q and k heads of ``qkv`` in place (adjacent there; pairs interleaved, see
+        ``_interleave``, so it is a complex multiply)."""
+        cfg = self.cfg
+        heads = cfg.num_heads + cfg.num_kv_heads
+        if self.glue is not None:
+            self.glue.rope_(qkv, positions, self._rope_pairs, heads)
+            return
+        qk = qkv[:, :heads * cfg.head_dim]
+        rope = self.rope_table[positions].unsqueeze(1)  # [T, 1, d/2] complex
+        rotated = torch.view_as_complex(qk.float().reshape(qkv.shape[0], heads, cfg.head_dim // 2, 2)) * rope
+        qk.copy_(torch.view_as_real(rotated).view(qkv.shape[0], heads * cfg.head_dim))
+
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.glue is not None:
+            return self.glue.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
     def mlp_residual(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """``x`` plus the layer's SwiGLU MLP of its normed value (shared with the compiled decode path)."""

@@ -10,6 +10,10 @@
   unpacked weights wastes a third of the time at the 2-64 rows of a decode step.
 - ``decode_attention``: one query per sequence against its context read where it lies in the paged
   cache (``decode_attention.cpp``): no gathered copy of the context for SDPA.
+- ``keep_warm``: the OpenMP team's threads kept running (yielding) for a while, between steps
+  (``keep_warm.cpp``): a core left idle takes milliseconds to wake on a VM.
+- ``layer_glue``: an eager step's elementwise work between the matmuls, one pass each (residual add and
+  RMSNorm, RoPE, SwiGLU's silu * up; ``layer_glue.cpp``).
 
 The build takes ~15 s with the C++ compiler torch.compile needs anyway; its output lives under the cache
 directory (``<cache>/kernels/``), so later starts only load it. Without a compiler, or on a CPU without
@@ -25,6 +29,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -32,7 +37,7 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 _SOURCES = (_HERE / "int8_linear.cpp", _HERE / "int4_linear.cpp", _HERE / "float_linear.cpp",
-            _HERE / "decode_attention.cpp")
+            _HERE / "decode_attention.cpp", _HERE / "layer_glue.cpp", _HERE / "keep_warm.cpp")
 _HEADERS = (_HERE / "int8_linear_kernel.inc",)
 _DISABLE_ENV = "HOMEAI_NATIVE_KERNELS"  # "0": never build or use them (torch's kernels only)
 _lock = threading.Lock()
@@ -141,6 +146,35 @@ def decode_attention() -> Callable[..., torch.Tensor] | None:
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.decode_attention.default
+
+
+class LayerGlue(NamedTuple):
+    """The fused elementwise ops of an eager step (``layer_glue.cpp``; float32 CPU tensors, rows contiguous).
+
+    - ``add_rms_norm(x [T, H], delta [T, H] | None, w [H], eps) -> [T, H]``: x += delta in place, then
+      RMSNorm(x) * w
+    - ``silu_mul(gate_up [T, 2I]) -> [T, I]``: silu(gate) * up
+    - ``rope_(x [T, C], positions [T], table [P, d/2, 2], heads)``: the first ``heads`` heads (interleaved
+      pairs) of each row rotated in place by (cos, sin) at its position
+    """
+
+    add_rms_norm: Callable[..., torch.Tensor]
+    silu_mul: Callable[..., torch.Tensor]
+    rope_: Callable[..., None]
+
+
+def layer_glue() -> LayerGlue | None:
+    """The fused elementwise ops, or None where they cannot be built or this CPU lacks AVX-512."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
+        return None
+    ops = torch.ops.homeai
+    return LayerGlue(ops.add_rms_norm.default, ops.silu_mul.default, ops.rope_.default)
+
+
+def keep_warm() -> Callable[[int], None] | None:
+    """``op(micros)``: every thread of the caller's OpenMP team runs (yielding) for ``micros``; None where
+    the kernels cannot be built here."""
+    return torch.ops.homeai.keep_warm.default if _library() else None
 
 
 PANEL = 32  # output columns per panel (float_linear.cpp's kPanel)
