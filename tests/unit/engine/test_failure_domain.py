@@ -66,11 +66,11 @@ class BrokenEncoder(FakeEncoder):
 
 
 class Rig:
-    def __init__(self, model: LlamaModel, aloop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, model: LlamaModel, aloop: asyncio.AbstractEventLoop, prefix_caching: bool = False) -> None:
         self.clock = VirtualClock()
         self.aloop = aloop
         policy = make_policy(64, 6, 4, 0)
-        self.sched = ClassScheduler(BlockManager(64, 4), policy, self.clock)
+        self.sched = ClassScheduler(BlockManager(64, 4, enable_prefix_caching=prefix_caching), policy, self.clock)
         tiny = build_tiny_engine(model, num_blocks=64, block_size=4)
         runner = ModelRunner(model, tiny.runner.cache)
         self.runner = PoisonedRunner(runner, self.clock)
@@ -200,3 +200,42 @@ async def test_a_loop_that_keeps_failing_outside_steps_ends_requests_and_is_not_
     assert len(waits) == FAILING_AFTER and rig.loop.health.failing
     deltas = await asyncio.wait_for(task, 1)
     assert deltas[-1].error is not None and "planner bug" in deltas[-1].error
+
+
+async def test_a_failed_step_that_copied_a_cached_prefix_leaves_the_cache_whole(tiny_model: LlamaModel) -> None:
+    """The poisoned request's prefix ends inside a cached block, so its step first copies the common slots
+    (``ScheduledChunk.kv_copy``, its source pinned) and then raises. The copy's source is released, every
+    block comes back, and the same prompt served afterwards gives what a cold engine gives."""
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # blocks of 4: two whole (published), a tail of 2
+    diverging = prompt[:6] + [20, 21, 22]  # the cache covers 6 tokens: one block and 2 slots of the next
+
+    async def serve(rig: Rig, name: str, tokens: list[int]) -> list[TokenDelta]:
+        task = asyncio.ensure_future(collect(rig.engine.generate(tokens, params(), name, class_name="chat",
+                                                                  user="ann")))
+        for _ in range(60):
+            rig.run(5)
+            await asyncio.sleep(0)
+            if task.done():
+                break
+        return task.result()
+
+    cold = await serve(Rig(tiny_model, asyncio.get_running_loop()), "cold", diverging)
+    rig = Rig(tiny_model, asyncio.get_running_loop(), prefix_caching=True)
+    await serve(rig, "first", prompt)
+    copies: list[object] = []
+    execute = rig.runner.execute
+
+    def spying(plan: StepPlan, seqs: dict[int, Sequence]) -> StepOutput:
+        copies.extend(c.kv_copy for c in plan.chunks if c.kv_copy is not None)
+        return execute(plan, seqs)
+
+    rig.runner.execute = spying  # type: ignore[method-assign]
+    rig.runner.poisoned.add("bad")
+    bad = await serve(rig, "bad", diverging)
+    assert copies, "the poisoned step did not copy a cached prefix: the test lost its point"
+    assert bad[-1].error is not None and "cannot reshape" in bad[-1].error
+    bm = rig.sched.block_manager
+    assert not bm._pins and bm.num_free_blocks == bm.num_blocks  # nothing held, nothing leaked
+    again = await serve(rig, "again", diverging)
+    assert again[-1].error is None
+    assert [t for d in again for t in d.token_ids] == [t for d in cold for t in d.token_ids]
