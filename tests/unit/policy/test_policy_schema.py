@@ -38,7 +38,7 @@ def test_default_policy_loads_with_the_documented_classes() -> None:
     policy = load_policy(DEFAULT)
     assert set(policy.classes) == {"voice", "chat", "embedding", "indexing", "summarize"}
     voice = policy.classes["voice"]
-    assert (voice.kind, voice.priority, voice.max_queue_delay_microseconds) == ("llm", 0, 2000)
+    assert (voice.kind, voice.priority, voice.max_queue_delay_microseconds) == ("llm", 0, 0)
     assert voice.default_queue_policy == QueuePolicy(
         max_queue_size=16, timeout_action="REJECT", default_timeout_microseconds=10_000_000,
         allow_timeout_override=True,
