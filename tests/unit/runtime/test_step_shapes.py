@@ -194,9 +194,11 @@ def test_the_compiled_variants_served_compiled_steps(stacks: dict[str, Stack]) -
 
 
 @pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
-def test_small_prompt_chunks_beside_a_decode_run_compiled(stacks: dict[str, Stack], quantization: str) -> None:
+def test_small_prompt_chunks_beside_a_decode_run_eager(stacks: dict[str, Stack], quantization: str) -> None:
     """A decode row beside a 2-token chunk in mid-prompt (it samples nothing): every token is a decode row,
-    so the bucket of four serves the step and its one sampled row is picked out of the bucket's logits."""
+    but two of the three sample nothing, and a bucket computes logits for all its rows; the step runs eager
+    (only the sampled row's logits: the faster path, see ``ModelRunner.prepare``). Then the decodes alone
+    (both rows sample) run compiled."""
     ref, under_test = stacks["none"], stacks[f"{quantization}-compiled"]
     seqs = {0: Sequence(0, "a", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=2)),
             1: Sequence(1, "b", list(range(40, 52)), SamplingParams(temperature=0.0, max_tokens=2))}
@@ -208,8 +210,17 @@ def test_small_prompt_chunks_beside_a_decode_run_compiled(stacks: dict[str, Stac
         mixed = StepPlan([ScheduledChunk(0, 3, 1, sample=True), ScheduledChunk(1, 8, 2, sample=False)])
         before = under_test.runner.compiled_steps
         want, got = ref.logits(mixed, seqs), under_test.logits(mixed, seqs)
-        assert under_test.runner.compiled_steps == before + 1
+        assert under_test.runner.compiled_steps == before
         assert got.shape == want.shape == (1, VOCAB)
+        assert (got - want).abs().max().item() <= TOLERANCE[quantization] * want.abs().max().item()
+        seqs[0].output_token_ids.append(int(want.argmax(-1)))
+        rest = StepPlan([ScheduledChunk(1, 10, 2, sample=True)])  # b's prompt ends: its last token samples
+        ref.logits(rest, seqs), under_test.logits(rest, seqs)
+        seqs[1].output_token_ids.append(0)
+        decodes = StepPlan([ScheduledChunk(0, 4, 1, sample=True), ScheduledChunk(1, 12, 1, sample=True)])
+        want, got = ref.logits(decodes, seqs), under_test.logits(decodes, seqs)
+        assert under_test.runner.compiled_steps == before + 1
+        assert got.shape == want.shape == (2, VOCAB)
         assert (got - want).abs().max().item() <= TOLERANCE[quantization] * want.abs().max().item()
     finally:
         ref.forget(seqs)
