@@ -32,6 +32,7 @@ def _runner() -> ModelRunner:
 def _logits(runner: ModelRunner, limit: int, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     """Sampled rows' logits of three steps: a decode row beside prompt chunks of 5, 1 and 6 tokens."""
     monkeypatch.setattr(model_runner, "DECODE_ATTENTION_MAX_CHUNK", limit)
+    monkeypatch.setattr(model_runner, "DECODE_ATTENTION_MAX_ROW_SLOTS", 0 if limit == 1 else 64 * 128)
     seqs = {1: Sequence(1, "a", list(range(1, 10)), SamplingParams(temperature=0.0, max_tokens=2)),
             2: Sequence(2, "b", list(range(40, 52)), SamplingParams(temperature=0.0, max_tokens=2))}
     table_a, table_b = [0, 1, 2], [5, 6, 7]
