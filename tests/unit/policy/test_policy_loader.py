@@ -58,7 +58,7 @@ def test_json_schema_has_a_valid_shape_and_describes_default_yaml() -> None:
 
 def test_diff_lists_changed_added_and_removed_key_paths() -> None:
     a = load_policy(DEFAULT)
-    text = DEFAULT.read_text().replace("max_queue_delay_microseconds: 0\n", "max_queue_delay_microseconds: 3000\n", 1)
+    text = DEFAULT.read_text().replace("max_queue_delay_microseconds: 0 ", "max_queue_delay_microseconds: 3000 ", 1)
     text = text.replace("  chat: {class: chat}", "  helper: {class: chat}")
     text = text.replace("users:\n", "users:\n  carol: {weight: 3.0}\n", 1)
     b = parse_policy(text)
