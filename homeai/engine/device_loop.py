@@ -221,10 +221,9 @@ class DeviceLoop:
             self.wake.wait(timeout)
 
     def _keep_warm(self) -> Callable[[int], None] | None:
-        """The keep-warm op where an engine of this loop computes on the CPU, else None."""
-        on_cpu = any(e.runner.device.type == "cpu" for e in self.llms.values()) or (
-            self.embed is not None and any(m.device.type == "cpu" for m in self.embed.embedders.values()))
-        if not on_cpu:
+        """The keep-warm op where an LLM of this loop runs on the CPU and the native kernels are loaded,
+        else None."""
+        if not any(e.runner.device.type == "cpu" for e in self.llms.values()):
             return None
         from homeai.runtime.kernels import keep_warm
 

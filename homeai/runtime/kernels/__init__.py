@@ -173,8 +173,11 @@ def layer_glue() -> LayerGlue | None:
 
 def keep_warm() -> Callable[[int], None] | None:
     """``op(micros)``: every thread of the caller's OpenMP team runs (yielding) for ``micros``; None where
-    the kernels cannot be built here."""
-    return torch.ops.homeai.keep_warm.default if _library() else None
+    the kernels are not loaded in this process. It never builds them: the device loop asks between steps,
+    where a build (~15 s) would stall every request."""
+    with _lock:
+        loaded = _loaded.get("library", False)
+    return torch.ops.homeai.keep_warm.default if loaded else None
 
 
 PANEL = 32  # output columns per panel (float_linear.cpp's kPanel)
