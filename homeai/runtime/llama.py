@@ -99,7 +99,7 @@ class LlamaModel(torch.nn.Module):
         def lin(weight: torch.Tensor, bias: torch.Tensor | None = None, head: bool = False) -> Linear:
             # int4 is for the layers; the embedding / lm_head (the logits' rows) stays int8 then
             fmt = "int8" if head and quantization == "int4" else quantization
-            return make_linear(weight, bias, fmt, device, dtype)
+            return make_linear(weight, bias, fmt, device, dtype, head=head)
 
         self.embed = lin(weights["model.embed_tokens.weight"], head=True)
         self.lm_head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in weights \

@@ -2,7 +2,9 @@
 
 - ``int8_linear``: int8 weights, float32 activations (``int8_linear.cpp``): torch's int8 kernel reads
   weights at half the bandwidth a decode step could use. With it ``int8_to_bf16`` for prompt-sized
-  inputs: torch's own int8 -> bfloat16 conversion costs more than the bfloat16 matmul after it.
+  inputs: torch's own int8 -> bfloat16 conversion costs more than the bfloat16 matmul after it; and
+  ``int8_linear_tiled`` (same file), int16 activations through VNNI on weights in tiles of 16 rows, for
+  the lm_head, whose float32-activation loop is bound by instructions rather than by reading the weights.
 - ``int4_linear``: 4-bit weights in Q4_1's groups of 32 (``int4_linear.cpp``), float32 activations, at
   the int8 kernel's bandwidth; ``int4_to_bf16`` for prompt-sized inputs (torch's int4 kernel is slower than
   float32 there).
@@ -65,6 +67,10 @@ def _build() -> None:
     def _int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], q.shape[0])
 
+    @torch.library.register_fake("homeai::int8_linear_tiled")
+    def _int8_tiled(x: torch.Tensor, qt: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], scale.shape[0])
+
     @torch.library.register_fake("homeai::int4_linear")
     def _int4(x: torch.Tensor, q: torch.Tensor, sz: torch.Tensor, int8_activations: bool) -> torch.Tensor:
         return x.new_empty(x.shape[0], q.shape[0] * 16)
@@ -110,6 +116,18 @@ def int8_to_bf16() -> Callable[..., None] | None:
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.int8_to_bf16.default
+
+
+def int8_linear_tiled() -> Callable[..., torch.Tensor] | None:
+    """``op(x [M, K] float32, qt [N/16, K/2, 32] int8, scale [N] float32) -> [M, N] float32`` (``quant.tile_int8``'s
+    layout, K a multiple of 32), or None where it cannot be built or this CPU lacks AVX512-VNNI."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _cpu_has_vnni() or not _library():
+        return None
+    return torch.ops.homeai.int8_linear_tiled.default
+
+
+def _cpu_has_vnni() -> bool:
+    return bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
 
 
 def int4_linear() -> Callable[..., torch.Tensor] | None:

@@ -1,8 +1,10 @@
 """The native kernels (homeai.runtime.kernels). int8: exact against a float64 reference for every row
 count a decode step can have (both the AVX-512 and the AVX2 variant), clear errors for wrong inputs,
 Int8Linear's choice of kernel by row count. float32 on packed panels: the same against the plain matmul,
-odd shapes included, and a packed layer's embedding rows. Both: torch.compile tracing through them, and
-the fallback to torch's kernels when they cannot be built or are switched off."""
+odd shapes included, and a packed layer's embedding rows. int8 heads in tiles (int16 activations, VNNI):
+within their activations' rounding of the float64 product at every row count, the table's rows as the
+row-major layer has them. All: torch.compile tracing through them, and the fallback to torch's kernels
+when they cannot be built or are switched off."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from homeai.runtime.quant import (
     Int8Linear,
     Linear,
     PackedLinear,
+    TiledInt8Linear,
     make_linear,
     quantize_int8,
 )
@@ -25,6 +28,8 @@ from homeai.runtime.quant import (
 CPU = torch.device("cpu")
 needs_avx512 = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
                                   reason="float32 weights are packed only on CPUs with AVX-512")
+needs_vnni = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512"
+                                or not torch.cpu._is_vnni_supported(), reason="int8 heads are tiled only with VNNI")
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +200,11 @@ def test_decode_attention_rejects_wrong_inputs_with_a_reason(native: object) -> 
     op(torch.zeros(1, 9, 64), kv, 0, torch.tensor([[3, 4, 99, -1]]), torch.tensor([2]))  # past the length: unread
 
 
-@pytest.mark.parametrize("fmt", ["int8", "none"])
+@pytest.mark.parametrize("fmt", ["int8", "none", "int8-head"])
 def test_compiled_graph_calls_the_native_kernel(native: object, fmt: str) -> None:
     torch.manual_seed(0)
-    layer = make_linear(torch.randn(96, 64), None, fmt, CPU, torch.float32)
+    layer = make_linear(torch.randn(96, 64), None, fmt.removesuffix("-head"), CPU, torch.float32,
+                        head=fmt.endswith("-head"))
     x = torch.randn(3, 64)
     compiled = torch.compile(lambda t: torch.relu(layer(t)) + 1, fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(x), torch.relu(layer(x)) + 1)
@@ -267,3 +273,41 @@ def test_int4_kernel_rejects_a_layout_it_does_not_read(native: object) -> None:
         op(x, layer.weight.view(32, 32), layer.scales_zeros, True)  # the row-major blocks, not tiles
     with pytest.raises(RuntimeError, match=r"sz \[N/16, K/32, 32\]"):
         op(x, layer.weight, layer.scales_zeros.view(32, 2, 2), True)
+
+
+def int16_activation_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> float:
+    """What int16 activations (each rounded by at most half of its group's absmax / 32767) may move an
+    output, plus float32 rounding: an indexing or layout bug misses by the outputs' size, ~100x more."""
+    return x.shape[1] * float(x.abs().max()) / 65534 * float(q.abs().max()) * float(scale.max()) + \
+        float32_error_bound(x, q, scale)
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64])
+def test_tiled_int8_head_matches_float64_reference(native: object, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    for n, k in [(16, 32), (48, 96), (1024, 576)]:  # one tile; odd tile and group counts; a head's K
+        w = torch.randn(n, k, generator=gen)
+        layer = make_linear(w, None, "int8", CPU, torch.float32, head=True)
+        assert isinstance(layer, TiledInt8Linear)
+        q, scale = quantize_int8(w)
+        x = torch.randn(rows, k, generator=gen) * torch.rand(1, k, generator=gen) * 4  # groups of unlike ranges
+        got = layer(x)
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        torch.testing.assert_close(got, reference(x, q, scale), rtol=0, atol=int16_activation_bound(x, q, scale))
+        assert layer(torch.randn(0, k)).shape == (0, n)
+
+
+@needs_vnni
+def test_tiled_head_embeds_the_rows_the_row_major_layer_has(native: object) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(64, 96)
+    tiled = make_linear(w, None, "int8", CPU, torch.float32, head=True)
+    plain = make_linear(w, None, "int8", CPU, torch.float32)
+    assert isinstance(tiled, TiledInt8Linear) and isinstance(plain, Int8Linear)
+    ids = torch.tensor([[0, 15, 16, 63], [5, 5, 40, 1]])
+    assert torch.equal(tiled.embed(ids, torch.float32), plain.embed(ids, torch.float32))
+    assert tiled.nbytes == plain.nbytes and tiled.num_weights == 64 * 96
+    with pytest.raises(RuntimeError, match=r"qt int8 \[N/16, K/2, 32\]"):
+        torch.ops.homeai.int8_linear_tiled(torch.randn(2, 96), plain.q, tiled.scale_f32)  # row-major: not tiles
+    assert type(make_linear(torch.randn(40, 96), None, "int8", CPU, torch.float32, head=True)) is Int8Linear  # 40 rows
