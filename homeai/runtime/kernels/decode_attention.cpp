@@ -245,8 +245,11 @@ void merge_spans(const float* m, const float* s, const float* acc, int64_t spans
 }
 
 // Rows cut into spans of at least kMinSpan positions, enough spans for every thread: a few long rows (one
-// stream at a long context) still use every core.
-constexpr int64_t kMinSpan = 256;
+// stream at a long context) still use every core. 64, not 256: one stream's row at 50-650 tokens had one
+// thread doing most of it (SmolLM2 int4, a compiled one-row step on a 2-core EPYC, two runs each: 5.74 /
+// 6.05 -> 5.32 / 5.09 ms at 50-250 tokens, 7.15 / 8.00 -> 6.56 / 5.76 at 450-650); a span's merge is a few
+// hundred floats.
+constexpr int64_t kMinSpan = 64;
 
 template <int D, int G, typename T>
 void run_spans(const float* q, const T* kv_layer, const int64_t* slots, const int64_t* lens, float* out,

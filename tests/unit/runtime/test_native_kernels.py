@@ -166,15 +166,17 @@ def test_decode_attention_matches_gather_and_sdpa(native: object, heads: int, kv
 
 @needs_avx512
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
-def test_decode_attention_splits_long_rows_across_threads_and_merges_them(native: object,
-                                                                          cache_dtype: torch.dtype) -> None:
-    """One row of 1,700 positions (spans of 256 and more, on every thread) beside short ones: the spans'
-    partial softmaxes merge into the whole row's."""
+@pytest.mark.parametrize("row_lens", [[1700, 3, 257], [200], [65]])
+def test_decode_attention_splits_long_rows_across_threads_and_merges_them(native: object, cache_dtype: torch.dtype,
+                                                                          row_lens: list[int]) -> None:
+    """One row of 1,700 positions (spans of 64 and more, on every thread) beside short ones, and one stream's
+    lone row (200 positions: three whole spans and a part; 65: a span and one position): the spans' partial
+    softmaxes merge into the whole row's."""
     gen = torch.Generator().manual_seed(5)
     kv = (torch.randn(2, 2048, 2, 3, 64, generator=gen) * 2).to(cache_dtype)
-    lens = torch.tensor([1700, 3, 257])
-    slots = torch.randperm(2048, generator=gen)[:1700].repeat(3, 1)
-    q = torch.randn(3, 9, 64, generator=gen) * 2
+    lens = torch.tensor(row_lens)
+    slots = torch.randperm(2048, generator=gen)[:max(row_lens)].repeat(len(row_lens), 1)
+    q = torch.randn(len(row_lens), 9, 64, generator=gen) * 2
     for threads in (1, 2):
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
