@@ -120,7 +120,7 @@ class ModelRunner:
             meta.decode_token_idx = _long(decode_rows, dev)
             meta.decode_slots = torch.from_numpy(np.ascontiguousarray(all_slots)).to(dev)
             meta.decode_lens = torch.from_numpy(lens).to(dev)
-            if self.model.paged_attention is None:  # SDPA over the gathered context needs the length mask
+            if not paged:  # SDPA over the gathered context needs the length mask
                 valid = np.arange(max_len) < lens[:, None]
                 meta.decode_mask = torch.from_numpy(valid).view(len(decode_rows), 1, 1, -1).to(dev)
             meta.all_decode = len(decode_rows) == len(ids)

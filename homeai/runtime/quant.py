@@ -43,6 +43,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from homeai.runtime.kernels import cpu_has_vnni
+
 QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP = 32  # Q4_1's block: the groups a GGUF's 4-bit weights come in
 # Up to this many rows our native kernel runs (float32 activations; see the docstring for why not fewer);
@@ -55,8 +57,7 @@ PACK_MAX_ROWS = int(os.environ.get("HOMEAI_INT8_PACK_MAX_ROWS", "16"))
 # without AMX bfloat16 never catches up (an EPYC with AVX512-BF16: 64 rows 40 ms against 70, 256 rows 130
 # against 182), so every row takes the kernel. Without VNNI the float32-activation kernel crosses over at ~24.
 # HOMEAI_INT4_VNNI=0: float32 activations (the int8-activation path off, e.g. to compare quality).
-INT4_INT8_ACTIVATIONS = os.environ.get("HOMEAI_INT4_VNNI", "1") != "0" and \
-    bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
+INT4_INT8_ACTIVATIONS = os.environ.get("HOMEAI_INT4_VNNI", "1") != "0" and cpu_has_vnni()
 CPU_HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 INT4_NATIVE_MAX_ROWS = int(os.environ.get("HOMEAI_INT4_NATIVE_MAX_ROWS", "24" if not INT4_INT8_ACTIVATIONS
                                           else "64" if CPU_HAS_AMX else str(2**31)))

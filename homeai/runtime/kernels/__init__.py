@@ -121,12 +121,14 @@ def int8_to_bf16() -> Callable[..., None] | None:
 def int8_linear_tiled() -> Callable[..., torch.Tensor] | None:
     """``op(x [M, K] float32, qt [N/16, K/2, 32] int8, scale [N] float32) -> [M, N] float32`` (``quant.tile_int8``'s
     layout, K a multiple of 32), or None where it cannot be built or this CPU lacks AVX512-VNNI."""
-    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _cpu_has_vnni() or not _library():
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not cpu_has_vnni() or not _library():
         return None
     return torch.ops.homeai.int8_linear_tiled.default
 
 
-def _cpu_has_vnni() -> bool:
+def cpu_has_vnni() -> bool:
+    """Whether this CPU multiplies int8/int16 with AVX512-VNNI (the int4 kernel's int8 activations, the tiled
+    int8 head)."""
     return bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
 
 

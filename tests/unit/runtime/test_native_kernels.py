@@ -29,7 +29,7 @@ CPU = torch.device("cpu")
 needs_avx512 = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
                                   reason="float32 weights are packed only on CPUs with AVX-512")
 needs_vnni = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512"
-                                or not torch.cpu._is_vnni_supported(), reason="int8 heads are tiled only with VNNI")
+                                or not kernels.cpu_has_vnni(), reason="int8 heads are tiled only with VNNI")
 
 
 @pytest.fixture(scope="module")
