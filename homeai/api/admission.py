@@ -11,7 +11,6 @@ request never reaches the engine or its meter.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from litestar import Request
 
 from homeai.api.errors import BadRequest
 from homeai.api.generation import Generation
+from homeai.api.offload import INLINE_CHARS, text_size, tokenize
 from homeai.api.routing import check_token_ids, request_context, resident, route_request
 from homeai.api.structured import Sourced
 from homeai.api.tools import AnswerShape, ToolPlan, ToolSpec, answer_shape, with_tools_prompt
@@ -109,20 +109,21 @@ def check_num_ctx(engine: LLMEngine, route: Route, num_ctx: int | None) -> None:
 
 
 async def prompt_ids_of(engine: LLMEngine, req: LLMRequest, shape: AnswerShape) -> list[int]:
-    """The prompt's token ids: chat messages through the model's own template (off the event loop: long
-    prompts take milliseconds), text encoded as it is, or token ids checked against the vocabulary."""
+    """The prompt's token ids: chat messages through the model's own template (off the event loop unless
+    short: ``offload``), text encoded as it is, or token ids checked against the vocabulary."""
     check_token_ids(req.context_ids, engine.tokenizer_size, "context")
     if req.messages is not None:
         messages, tools = req.messages, shape.plan.tools if shape.plan.active else None
         if tools and not template_has_tools(engine.tokenizer):
             messages, tools = with_tools_prompt(messages, tools), None
         definitions = [t.as_openai() for t in tools] if tools else None
+        size = text_size(messages) + (INLINE_CHARS + 1 if definitions else 0)  # tools: long JSON schemas
         try:
-            return await asyncio.to_thread(chat_prompt_ids, engine.tokenizer, messages, definitions)
+            return await tokenize(size, chat_prompt_ids, engine.tokenizer, messages, definitions)
         except Exception as exc:  # the template refused these messages (say, roles out of order)
             raise BadRequest(f"cannot apply the chat template: {exc}", param=req.fields.prompt) from exc
     if req.text is not None:
-        return list(await asyncio.to_thread(engine.tokenizer.encode, req.text, add_special_tokens=False))
+        return list(await tokenize(len(req.text), engine.tokenizer.encode, req.text, add_special_tokens=False))
     ids = list(req.token_ids or [])
     check_token_ids(ids, engine.tokenizer_size, req.fields.prompt)
     return ids

@@ -10,12 +10,12 @@ nobody would know. OpenAI's /v1/embeddings refuses such an input with a 400 nami
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from litestar import Request
 
 from homeai.api.errors import BadRequest, to_api_error
+from homeai.api.offload import text_size, tokenize
 from homeai.api.routing import RequestContext, check_token_ids, request_context, route_request
 from homeai.api.streaming import until_disconnect
 from homeai.engine.embed_service import EmbedResult
@@ -42,13 +42,14 @@ async def admit_embedding(request: Request[Any, Any, Any], gateway: Gateway, mod
 async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route: Route,
                         inputs: list[str] | list[list[int]], ctx: RequestContext,
                         cut_long: bool = True) -> EmbedResult:
-    """Tokenize once, off the event loop; queue every input in the class; wait for the vectors."""
+    """Tokenize once (off the event loop unless short: ``offload``); queue every input in the class; wait for
+    the vectors."""
     embedder = gateway.embedders[route.model]
     texts = [x for x in inputs if isinstance(x, str)]
     if texts and len(texts) < len(inputs):
         raise BadRequest("input mixes texts and token ids; send one kind", param="input")
     if texts:
-        rows = await asyncio.to_thread(embedder.tokenize, texts, cut_long)
+        rows = await tokenize(text_size(texts), embedder.tokenize, texts, cut_long)
     else:
         rows = [list(r) for r in inputs if not isinstance(r, str)]
         for i, row in enumerate(rows):
