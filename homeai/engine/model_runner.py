@@ -17,19 +17,19 @@ from homeai.runtime.decode_graph import CompiledDecode
 from homeai.runtime.grammar import GrammarCache, SequenceGrammars
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import AttentionMetadata, LlamaModel, PrefillChunk
+from homeai.runtime.quant import CPU_HAS_AMX
 from homeai.runtime.sampler import GreedyPick, Sampler, make_generator
 
-# Prompt chunks of up to this many tokens attend token by token through the paged decode kernel, each token
-# as a decode row over the context up to itself (its own and earlier tokens' keys are in the cache by then):
-# SDPA's CPU kernel is made for query blocks, and a few-token chunk paid for a gathered, converted copy of
-# its context besides. A background summary's 4-token chunk at 1,000 tokens of context beside a chat decode:
-# the step 36 -> 23 ms, 8 tokens 46 -> 36 ms, 16 tokens 59 -> 55 ms on the 2-core Xeon (SmolLM2 int4).
-# Longer chunks keep SDPA (query blocks on AMX).
-DECODE_ATTENTION_MAX_CHUNK = 16
-# Longer chunks too while their rows times their context stays small (a new prompt, or one after a short
-# cached system message): SDPA's setup dominates there. A voice prompt of 36 tokens after 10 cached ones
-# (2-core EPYC, SmolLM2 int4, eager with the fused glue): 22.5 -> 21.2 ms; 24 tokens 17.4 -> 16.2.
-DECODE_ATTENTION_MAX_ROW_SLOTS = 64 * 128
+# Prompt chunks of more than one token attend through the paged prefill kernel where it serves (an AVX-512
+# CPU): causal, straight from the cache, up to 16 query vectors in a register's lanes (kernels/
+# prefill_attention.cpp). Before it, chunks up to 16 tokens (or rows x context up to 8,192) went through the
+# decode kernel as one decode row per token, longer ones through SDPA over a gathered copy of their context.
+# One layer, SmolLM2's heads, float16 cache, 2-core EPYC (decode rows / SDPA -> prefill kernel): 16 rows
+# 18.9 / 62.7 -> 13.2 us, 46 rows 61.3 / 175 -> 36.4, 100 rows 222 / 412 -> 102, 512 rows 5,316 / 5,576 ->
+# 2,015, 256 rows after 1,000 cached 8,062 / 7,464 -> 4,336. On a CPU with AMX, SDPA computes prompts in
+# bfloat16 tiles and may win on long chunks (not measured: no AMX here): there, chunks whose rows times
+# their context exceed this bound keep SDPA.
+PREFILL_KERNEL_MAX_ROW_SLOTS = 64 * 128 if CPU_HAS_AMX else None
 
 
 @dataclass(slots=True)
@@ -82,6 +82,8 @@ class ModelRunner:
         logits_idx: list[int] = []
         sample_seqs: list[Sequence] = []
         paged = self.model.paged_attention is not None
+        prefill_kernel, limit = self.model.prefill_attention is not None, PREFILL_KERNEL_MAX_ROW_SLOTS
+        paged_chunks: list[tuple[int, int, int, list[int]]] = []  # as prefill_specs, for prefill_attention
         for chunk in plan.chunks:
             seq = seqs[chunk.seq_id]
             table = chunk.block_table
@@ -93,12 +95,12 @@ class ModelRunner:
             for p in range(chunk.start, end):
                 pos.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
-            if chunk.num_tokens == 1 or paged and (chunk.num_tokens <= DECODE_ATTENTION_MAX_CHUNK or
-                                                   chunk.num_tokens * end <= DECODE_ATTENTION_MAX_ROW_SLOTS):
-                for i in range(chunk.num_tokens):
-                    decode_rows.append(offset + i)
-                    decode_tables.append(table)
-                    decode_lens.append(chunk.start + i + 1)
+            if chunk.num_tokens == 1:
+                decode_rows.append(offset)
+                decode_tables.append(table)
+                decode_lens.append(end)
+            elif prefill_kernel and (limit is None or chunk.num_tokens * end <= limit):
+                paged_chunks.append((offset, chunk.start, chunk.num_tokens, table))
             else:
                 prefill_specs.append((offset, chunk.start, chunk.num_tokens, table))
             if chunk.sample:
@@ -125,6 +127,10 @@ class ModelRunner:
                 meta.decode_mask = torch.from_numpy(valid).view(len(decode_rows), 1, 1, -1).to(dev)
             meta.all_decode = len(decode_rows) == len(ids)
 
+        for token_start, start, n, table in paged_chunks:
+            seen = np.arange(start + n)  # positions up to the chunk's last token
+            seen_slots = np.asarray(table, dtype=np.int64)[seen // bs] * bs + seen % bs
+            meta.prefills.append(PrefillChunk(token_start, n, torch.from_numpy(seen_slots).to(dev), None, start))
         for token_start, start, n, table in prefill_specs:
             if start == 0:
                 meta.prefills.append(PrefillChunk(token_start, n, None, None))

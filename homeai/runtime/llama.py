@@ -34,6 +34,9 @@ class PrefillChunk:
     num_tokens: int
     context_slots: torch.Tensor | None  # [ctx] cache slots incl. the new tokens; None: no earlier context
     mask: torch.Tensor | None  # [n, ctx] bool, True where attention is allowed
+    # The chunk's first position where it attends through the paged prefill kernel (context_slots: every
+    # position's slot up to its last token, no mask: causal by position); None: SDPA as above.
+    paged_start: int | None = None
 
 
 @dataclass(slots=True)
@@ -136,6 +139,12 @@ class LlamaModel(torch.nn.Module):
             from homeai.runtime.kernels import decode_attention
 
             self.paged_attention = decode_attention()
+        # ... and prompt chunks, causal, from the same cache.
+        self.prefill_attention: Callable[..., torch.Tensor] | None = None
+        if self.paged_attention is not None:
+            from homeai.runtime.kernels import prefill_attention
+
+            self.prefill_attention = prefill_attention()
         # Eager steps' elementwise work fused where the native kernels serve (float32 on an AVX-512 CPU).
         self.glue: LayerGlue | None = None
         if device.type == "cpu" and dtype == torch.float32 and cfg.head_dim % 16 == 0:
@@ -273,6 +282,9 @@ class LlamaModel(torch.nn.Module):
         at = self.prompt_attention_dtype
         for chunk in meta.prefills:
             sl = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+            if chunk.paged_start is not None and self.prefill_attention is not None:
+                out[sl] = self.prefill_attention(q[sl], cache.kv, li, chunk.context_slots, chunk.paged_start)
+                continue
             qp = q[sl].transpose(0, 1).unsqueeze(0).to(at)  # [1, h, n, d]
             if chunk.context_slots is None:  # a first chunk sees only itself: causal, no gather
                 kp, vp = kv[sl, 0].to(at), kv[sl, 1].to(at)

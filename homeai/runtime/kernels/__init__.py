@@ -12,6 +12,8 @@
   unpacked weights wastes a third of the time at the 2-64 rows of a decode step.
 - ``decode_attention``: one query per sequence against its context read where it lies in the paged
   cache (``decode_attention.cpp``): no gathered copy of the context for SDPA.
+- ``prefill_attention``: a prompt chunk's rows, causal, against their shared context in the paged cache
+  (``prefill_attention.cpp``): up to 16 query vectors per register, each key and value widened once.
 - ``keep_warm``: the OpenMP team's threads kept running (yielding) for a while, between steps
   (``keep_warm.cpp``): a core left idle takes milliseconds to wake on a VM.
 - ``layer_glue``: an eager step's elementwise work between the matmuls, one pass each (residual add and
@@ -39,8 +41,9 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 _SOURCES = (_HERE / "int8_linear.cpp", _HERE / "int4_linear.cpp", _HERE / "float_linear.cpp",
-            _HERE / "decode_attention.cpp", _HERE / "layer_glue.cpp", _HERE / "keep_warm.cpp")
-_HEADERS = (_HERE / "int8_linear_kernel.inc",)
+            _HERE / "decode_attention.cpp", _HERE / "prefill_attention.cpp", _HERE / "layer_glue.cpp",
+            _HERE / "keep_warm.cpp")
+_HEADERS = (_HERE / "int8_linear_kernel.inc", _HERE / "attention_math.inc")
 _DISABLE_ENV = "HOMEAI_NATIVE_KERNELS"  # "0": never build or use them (torch's kernels only)
 _lock = threading.Lock()
 _loaded: dict[str, bool] = {}  # "library": whether the build loaded (absent: not tried yet)
@@ -78,6 +81,10 @@ def _build() -> None:
     @torch.library.register_fake("homeai::float_linear")
     def _float(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], n)
+
+    @torch.library.register_fake("homeai::prefill_attention")
+    def _prefill(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor, start: int) -> torch.Tensor:
+        return torch.empty_like(q)
 
     @torch.library.register_fake("homeai::decode_attention")
     def _attention(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor,
@@ -166,6 +173,15 @@ def decode_attention() -> Callable[..., torch.Tensor] | None:
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.decode_attention.default
+
+
+def prefill_attention() -> Callable[..., torch.Tensor] | None:
+    """``op(q [n, heads, d], kv [layers, slots, 2, kv_heads, d], layer, slots [start + n], start) -> [n,
+    heads, d]`` (the same tensors as ``decode_attention``): the chunk's row i, at position start + i, against
+    positions 0 .. start + i, or None where it cannot be built or this CPU lacks AVX-512."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
+        return None
+    return torch.ops.homeai.prefill_attention.default
 
 
 class LayerGlue(NamedTuple):

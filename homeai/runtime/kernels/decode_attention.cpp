@@ -39,41 +39,7 @@ constexpr int kMaxGroup = 16;  // query heads per KV head
 
 constexpr int64_t kAhead = 8;  // positions read ahead (software prefetch: the context is scattered in blocks)
 
-// 16 cache elements as float32: float16 by the conversion instruction, bfloat16 by placing its bits high.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load16(const at::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-template <int D, typename T>
-inline void prefetch(const T* row) {
-  constexpr int per_line = 64 / sizeof(T);
-  for (int i = 0; i < D; i += per_line) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
-}
-
-// e^x for x <= 0 (scores minus their maximum), to float32 rounding: e^x = 2^n e^r with |r| <= ln2 / 2, e^r
-// by its degree-6 Taylor polynomial (error below 2e-7 relative). Below -87 the result is 0, as expf's.
-inline __m512 exp_nonpositive(__m512 x) {
-  const __m512 floor = _mm512_set1_ps(-87.f);
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, floor);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts: exact n*hi
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~tiny), p, n);
-}
+#include "attention_math.inc"
 
 template <int D, typename T>
 inline float dot(const float* a, const T* b) {

@@ -202,6 +202,55 @@ def test_decode_attention_rejects_wrong_inputs_with_a_reason(native: object) -> 
     op(torch.zeros(1, 9, 64), kv, 0, torch.tensor([[3, 4, 99, -1]]), torch.tensor([2]))  # past the length: unread
 
 
+@needs_avx512
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(9, 3, 64), (32, 8, 64), (8, 8, 128), (14, 2, 64), (12, 1, 64),
+                                                      (16, 1, 64)])
+@pytest.mark.parametrize(("start", "n"), [(0, 1), (0, 5), (0, 46), (0, 100), (10, 36), (37, 16), (300, 70)])
+def test_prefill_attention_is_each_row_as_a_decode_row(native: object, heads: int, kv_heads: int, d: int,
+                                                       cache_dtype: torch.dtype, start: int, n: int) -> None:
+    """A chunk of n rows after start cached positions: row i is the decode row at position start + i over the
+    slots of positions 0 .. start + i (causal), whatever the group size (rows per block), a partial last
+    block or tile, a cached prefix, or the cache's type."""
+    gen = torch.Generator().manual_seed(heads * d + start + n)
+    kv = (torch.randn(2, 1024, 2, kv_heads, d, generator=gen) * 2).to(cache_dtype)
+    slots = torch.randperm(1024, generator=gen)[:start + n]
+    q = torch.randn(n, heads, d, generator=gen) * 2
+    got = torch.ops.homeai.prefill_attention(q, kv, 1, slots, start)
+    lens = torch.arange(start + 1, start + n + 1)
+    want = sdpa_reference(q, kv, 1, slots.repeat(n, 1), lens)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_avx512
+def test_prefill_attention_on_one_thread_and_two(native: object) -> None:
+    """Blocks are shared out between threads: the same answer on one."""
+    gen = torch.Generator().manual_seed(3)
+    kv = (torch.randn(1, 512, 2, 3, 64, generator=gen) * 2).to(torch.float16)
+    slots, q = torch.randperm(512, generator=gen)[:130], torch.randn(90, 9, 64, generator=gen)
+    before = torch.get_num_threads()
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            outs.append(torch.ops.homeai.prefill_attention(q, kv, 0, slots, 40))
+        finally:
+            torch.set_num_threads(before)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+@needs_avx512
+def test_prefill_attention_rejects_wrong_inputs_with_a_reason(native: object) -> None:
+    op = torch.ops.homeai.prefill_attention
+    kv = torch.zeros(2, 32, 2, 3, 64)
+    with pytest.raises(RuntimeError, match="slots \\[start \\+ n\\]"):
+        op(torch.zeros(4, 9, 64), kv, 0, torch.arange(5), 2)
+    with pytest.raises(RuntimeError, match="head counts"):
+        op(torch.zeros(4, 8, 64), kv, 0, torch.arange(4), 0)
+    with pytest.raises(RuntimeError, match="slot 32 of position 1 outside the cache's 32 slots"):
+        op(torch.zeros(2, 9, 64), kv, 0, torch.tensor([3, 32]), 0)
+
+
 @pytest.mark.parametrize("fmt", ["int8", "none", "int8-head"])
 def test_compiled_graph_calls_the_native_kernel(native: object, fmt: str) -> None:
     torch.manual_seed(0)
