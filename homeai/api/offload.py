@@ -19,13 +19,14 @@ INLINE_CHARS = 1024
 
 
 def text_size(parts: Iterable[Any]) -> int:
-    """Characters of the strings among ``parts`` and in the ``content`` of the dicts among them (chat
-    messages); anything else counts as too long to run inline."""
+    """Characters of the strings among ``parts`` and in the text ``content`` of the dicts among them (chat
+    messages); anything else (content parts, tool calls) counts as too long to run inline."""
     size = 0
     for part in parts:
         if isinstance(part, str):
             size += len(part)
-        elif isinstance(part, dict) and isinstance(content := part.get("content", ""), str | None):
+        elif isinstance(part, dict) and part.keys() <= {"role", "content", "name"} \
+                and isinstance(content := part.get("content", ""), str | None):
             size += len(content or "") + 16  # the role and the template's markup around it
         else:
             return INLINE_CHARS + 1
