@@ -319,16 +319,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kv, int64_t l
                   " of row ", b, " outside the cache's ", num_slots, " slots");
   }
   TORCH_CHECK(D == 64 || D == 128, "decode_attention: head_dim 64 or 128, got ", D);
-  auto go = [&](auto* base) {
-    const auto* kv_layer = base + layer * kv.stride(0);
+  with_cache_layer(kv, layer, [&](const auto* kv_layer) {
     if (D == 64) run<64>(qc.data_ptr<float>(), kv_layer, sp, lp, out.data_ptr<float>(), B, L, heads, kv_heads);
     else run<128>(qc.data_ptr<float>(), kv_layer, sp, lp, out.data_ptr<float>(), B, L, heads, kv_heads);
-  };
-  switch (kv.scalar_type()) {
-    case at::kHalf: go(kv.data_ptr<at::Half>()); break;
-    case at::kBFloat16: go(kv.data_ptr<at::BFloat16>()); break;
-    default: go(kv.data_ptr<float>());
-  }
+  });
   return out;
 }
 

@@ -159,16 +159,10 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv, int64_t 
   for (int64_t l = 0; l < start + n; ++l)  // a slot outside the cache would read foreign memory: refuse it
     TORCH_CHECK(0 <= sp[l] && sp[l] < kv.size(1), "prefill_attention: slot ", sp[l], " of position ", l,
                 " outside the cache's ", kv.size(1), " slots");
-  auto go = [&](auto* base) {
-    const auto* kv_layer = base + layer * kv.stride(0);
+  with_cache_layer(kv, layer, [&](const auto* kv_layer) {
     if (D == 64) run<64>(qc.data_ptr<float>(), kv_layer, sp, start, n, heads, kv_heads, out.data_ptr<float>());
     else run<128>(qc.data_ptr<float>(), kv_layer, sp, start, n, heads, kv_heads, out.data_ptr<float>());
-  };
-  switch (kv.scalar_type()) {
-    case at::kHalf: go(kv.data_ptr<at::Half>()); break;
-    case at::kBFloat16: go(kv.data_ptr<at::BFloat16>()); break;
-    default: go(kv.data_ptr<float>());
-  }
+  });
   return out;
 }
 
