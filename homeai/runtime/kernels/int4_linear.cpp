@@ -36,7 +36,7 @@ constexpr int64_t kTile = 16;        // weight rows per tile (one output registe
 constexpr int64_t kTileBytes = 256;  // a tile's group: 16 rows x 16 bytes
 constexpr int kMaxRows = 8;          // activation rows per pass over a block of weight rows
 constexpr int64_t kBlockRows = 64;   // weight rows per block: stays in L2 across the passes
-constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kQuantizeGrainRows = 16;  // fewer activation rows are quantized on the calling thread
 
 bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -168,10 +168,10 @@ struct QuantizedRows {
                           // it the error is sum_k w_k e_k (w centred), with the exact sum sum_k q_k d e_k
 };
 
-QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
+// Rows [m0, m1) of x into r (sized for every row).
+void quantize_rows(const float* x, int64_t K, int64_t m0, int64_t m1, QuantizedRows& r) {
   const int64_t G = K / kGroup;
-  QuantizedRows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G)};
-  for (int64_t m = 0; m < M; ++m) {
+  for (int64_t m = m0; m < m1; ++m) {
     for (int64_t g = 0; g < G; ++g) {
       const float* xg = x + m * K + g * kGroup;
       const __m512 a0 = _mm512_loadu_ps(xg), a1 = _mm512_loadu_ps(xg + 16);
@@ -187,6 +187,14 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
       r.xs[m * G + g] = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))) * scale;
     }
   }
+}
+
+// Every row quantized, by all threads when there are enough rows to share (a prompt chunk: 5-8 % of its
+// matmul's time on one thread), inline for a decode step's few.
+QuantizedRows quantize_all_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t G = K / kGroup;
+  QuantizedRows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G)};
+  at::parallel_for(0, M, kQuantizeGrainRows, [&](int64_t m0, int64_t m1) { quantize_rows(x, K, m0, m1, r); });
   return r;
 }
 
@@ -277,7 +285,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::Half>());
   float* op = out.data_ptr<float>();
   if (int8_activations && has_vnni()) {
-    const QuantizedRows xr = quantize_rows(xp, M, K);
+    const QuantizedRows xr = quantize_all_rows(xp, M, K);
     at::parallel_for(0, N / kTile, 4, [&](int64_t t0, int64_t t1) { linear_vnni(xr, qp, sp, op, M, K, N, t0, t1); });
     return out;
   }
