@@ -206,6 +206,11 @@ class LlamaModel(torch.nn.Module):
         q_size = h * d
         x = self.embed.embed(input_ids, self.dtype).contiguous()  # a fresh tensor: the residual adds go into it
         delta: torch.Tensor | None = None  # the last sublayer's output, added to x where the next norm runs
+        last = len(self.layers) - 1
+        # Rows whose last-layer output nobody reads (a prompt's tokens before its last) need only their keys
+        # and values there: the last layer's attention output, o and MLP run on the logits rows alone, as
+        # llama.cpp's inp_out_ids does (1/30 of a prompt chunk's matmuls for SmolLM2).
+        select = logits_idx.numel() < num_tokens
         for li, layer in enumerate(self.layers):
             hs = self._add_norm(x, delta, layer.attn_norm)
             qkv = layer.qkv(hs)
@@ -213,14 +218,17 @@ class LlamaModel(torch.nn.Module):
             q = qkv[:, :q_size].view(num_tokens, h, d)
             kv = qkv[:, q_size:].view(num_tokens, 2, kvh, d)  # the cache's slot layout
             cache.write(li, meta.slot_mapping, kv)
-            attn = self._attention(li, q, kv, meta, cache)
-            hs = self._add_norm(x, layer.o(attn.reshape(num_tokens, q_size)), layer.mlp_norm)
+            if li == last and logits_idx.numel() == 0:  # only mid-prompt chunks: no row samples
+                return x.new_empty((0, cfg.vocab_size), dtype=torch.float32)
+            attn = self._attention(li, q, kv, meta, cache).reshape(num_tokens, q_size)
+            if li == last and select:
+                attn, x = attn[logits_idx], x[logits_idx]  # (copies: x's other rows are never read again)
+            hs = self._add_norm(x, layer.o(attn), layer.mlp_norm)
             delta = layer.down(self._silu_mul(layer.gate_up(hs)))
-        if logits_idx.numel() == 0:  # only mid-prompt chunks: no row samples, so no logits to compute
-            return x.new_empty((0, cfg.vocab_size), dtype=torch.float32)
         assert delta is not None
-        x = (x[logits_idx] + delta[logits_idx]).contiguous()
-        return self.lm_head(self._add_norm(x, None, self.final_norm)).float()
+        if not select:  # every row has logits, in logits_idx's order
+            x, delta = x[logits_idx], delta[logits_idx]
+        return self.lm_head(self._add_norm(x.contiguous(), delta.contiguous(), self.final_norm)).float()
 
     def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
         """``x += delta`` in place (the residual), then x's RMSNorm: one pass with the native glue."""

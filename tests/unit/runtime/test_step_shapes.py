@@ -24,7 +24,7 @@ from llama_helpers import random_llama_weights
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence
 from homeai.core.types import SamplingParams, ScheduledChunk, StepPlan
-from homeai.engine.model_runner import ModelRunner
+from homeai.engine.model_runner import BatchInputs, ModelRunner
 from homeai.runtime.decode_graph import CompiledDecode
 from homeai.runtime.kv_cache import KVCache
 from homeai.runtime.llama import LlamaModel
@@ -225,3 +225,54 @@ def test_small_prompt_chunks_beside_a_decode_run_eager(stacks: dict[str, Stack],
     finally:
         ref.forget(seqs)
         under_test.forget(seqs)
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_the_last_layer_runs_for_the_logits_rows_only(stacks: dict[str, Stack], quantization: str) -> None:
+    """``LlamaModel.forward`` runs the last layer's attention output, o and MLP only for the rows whose
+    logits a step asks for, and none of it for a step of mid-prompt chunks. Against a forward asked for
+    every row (which selects nothing): a mixed step's sampled rows (a decode row, a prompt's last chunk)
+    match, and a prompt computed in two chunks, the first alone in its step and sampling nothing, ends with
+    the logits of the same prompt computed whole (so that step still wrote every layer's keys and values)."""
+    stack = stacks[quantization]
+    runner, model = stack.runner, stack.runner.model
+    prompt = list(range(30, 67))  # 37 tokens
+    seqs = {0: Sequence(0, "whole", prompt, SamplingParams(temperature=0.0, max_tokens=2)),
+            1: Sequence(1, "chunked", prompt, SamplingParams(temperature=0.0, max_tokens=1)),
+            2: Sequence(2, "decodes", [7, 8, 9], SamplingParams(temperature=0.0, max_tokens=3))}
+
+    def prepare(plan: StepPlan) -> BatchInputs:
+        for chunk in plan.chunks:
+            stack.block_manager.allocate(chunk.seq_id, chunk.start + chunk.num_tokens)
+            chunk.block_table = stack.block_manager.block_table(chunk.seq_id)
+        return runner.prepare(plan, seqs)
+
+    def selected_and_every(plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's logits as the runner asks for them, and a forward's for every row at those rows."""
+        batch = prepare(plan)
+        rows = torch.arange(batch.input_ids.shape[0])
+        every = model(batch.input_ids, batch.positions, batch.meta, runner.cache, rows)  # writes the same KV
+        got = model(batch.input_ids, batch.positions, batch.meta, runner.cache, batch.logits_idx)
+        return got, every[batch.logits_idx]
+
+    def close(got: torch.Tensor, want: torch.Tensor) -> None:
+        # The same rows, but a quantized layer picks its kernel by row count (bfloat16 weights for many rows).
+        torch.testing.assert_close(got, want, rtol=0, atol=TOLERANCE[quantization] * want.abs().max().item())
+
+    try:
+        got, want = selected_and_every(StepPlan([ScheduledChunk(0, 0, 37, sample=True),
+                                                 ScheduledChunk(2, 0, 3, sample=True)]))
+        assert got.shape == want.shape == (2, VOCAB)
+        close(got, want)
+        whole = got[0]
+        seqs[2].output_token_ids.append(1)
+        batch = prepare(StepPlan([ScheduledChunk(1, 0, 20, sample=False)]))  # mid-prompt, alone in its step
+        assert batch.logits_idx.numel() == 0
+        assert model(batch.input_ids, batch.positions, batch.meta, runner.cache, batch.logits_idx).shape == (0, VOCAB)
+        got, want = selected_and_every(StepPlan([ScheduledChunk(1, 20, 17, sample=True),
+                                                 ScheduledChunk(2, 3, 1, sample=True)]))
+        assert got.shape == want.shape == (2, VOCAB)
+        close(got, want)
+        close(got[0], whole)
+    finally:
+        stack.forget(seqs)
