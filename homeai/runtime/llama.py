@@ -159,6 +159,9 @@ class LlamaModel(torch.nn.Module):
         # slower than float32 (an EPYC: a 46-token prompt 219 against 166 us a layer, 512 tokens 7.7 against 6.8 ms).
         self.prompt_attention_dtype = torch.bfloat16 if device.type == "cpu" and quantization != "none" \
             and CPU_HAS_AMX else dtype
+        # The prefill kernel multiplies in bfloat16 pairs for the same models, where the CPU has AVX512-BF16
+        # (prefill_attention.cpp); float32 weights keep float32 attention, the exact reference.
+        self.prompt_attention_bf16 = quantization != "none"
 
     @classmethod
     def from_folder(cls, folder: Path, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -291,7 +294,8 @@ class LlamaModel(torch.nn.Module):
         for chunk in meta.prefills:
             sl = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
             if chunk.paged_start is not None and self.prefill_attention is not None:
-                out[sl] = self.prefill_attention(q[sl], cache.kv, li, chunk.context_slots, chunk.paged_start)
+                out[sl] = self.prefill_attention(q[sl], cache.kv, li, chunk.context_slots, chunk.paged_start,
+                                                 self.prompt_attention_bf16)
                 continue
             qp = q[sl].transpose(0, 1).unsqueeze(0).to(at)  # [1, h, n, d]
             if chunk.context_slots is None:  # a first chunk sees only itself: causal, no gather

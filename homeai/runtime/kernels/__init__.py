@@ -83,7 +83,8 @@ def _build() -> None:
         return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("homeai::prefill_attention")
-    def _prefill(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor, start: int) -> torch.Tensor:
+    def _prefill(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor, start: int,
+                 bf16_dots: bool) -> torch.Tensor:
         return torch.empty_like(q)
 
     @torch.library.register_fake("homeai::decode_attention")
@@ -176,9 +177,10 @@ def decode_attention() -> Callable[..., torch.Tensor] | None:
 
 
 def prefill_attention() -> Callable[..., torch.Tensor] | None:
-    """``op(q [n, heads, d], kv [layers, slots, 2, kv_heads, d], layer, slots [start + n], start) -> [n,
-    heads, d]`` (the same tensors as ``decode_attention``): the chunk's row i, at position start + i, against
-    positions 0 .. start + i, or None where it cannot be built or this CPU lacks AVX-512."""
+    """``op(q [n, heads, d], kv [layers, slots, 2, kv_heads, d], layer, slots [start + n], start, bf16_dots)
+    -> [n, heads, d]`` (the same tensors as ``decode_attention``): the chunk's row i, at position start + i,
+    against positions 0 .. start + i (with ``bf16_dots``, in bfloat16 products where the CPU has
+    AVX512-BF16), or None where it cannot be built or this CPU lacks AVX-512."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
         return None
     return torch.ops.homeai.prefill_attention.default

@@ -207,19 +207,30 @@ def test_decode_attention_rejects_wrong_inputs_with_a_reason(native: object) -> 
 @pytest.mark.parametrize(("heads", "kv_heads", "d"), [(9, 3, 64), (32, 8, 64), (8, 8, 128), (14, 2, 64), (12, 1, 64),
                                                       (16, 1, 64)])
 @pytest.mark.parametrize(("start", "n"), [(0, 1), (0, 5), (0, 46), (0, 100), (10, 36), (37, 16), (300, 70)])
+@pytest.mark.parametrize("bf16_dots", [False, True])
 def test_prefill_attention_is_each_row_as_a_decode_row(native: object, heads: int, kv_heads: int, d: int,
-                                                       cache_dtype: torch.dtype, start: int, n: int) -> None:
+                                                       cache_dtype: torch.dtype, start: int, n: int,
+                                                       bf16_dots: bool) -> None:
     """A chunk of n rows after start cached positions: row i is the decode row at position start + i over the
     slots of positions 0 .. start + i (causal), whatever the group size (rows per block), a partial last
-    block or tile, a cached prefix, or the cache's type."""
+    block or tile, a cached prefix, or the cache's type. In bfloat16 products (where the CPU has them):
+    against the reference on the same queries, keys and values rounded to bfloat16, within the rounding of
+    the softmax weights (up to 2 ** -9 of each) and float32 sums; a wrong position or slot misses by the
+    size of the values (~2)."""
     gen = torch.Generator().manual_seed(heads * d + start + n)
     kv = (torch.randn(2, 1024, 2, kv_heads, d, generator=gen) * 2).to(cache_dtype)
     slots = torch.randperm(1024, generator=gen)[:start + n]
     q = torch.randn(n, heads, d, generator=gen) * 2
-    got = torch.ops.homeai.prefill_attention(q, kv, 1, slots, start)
+    got = torch.ops.homeai.prefill_attention(q, kv, 1, slots, start, bf16_dots)
     lens = torch.arange(start + 1, start + n + 1)
-    want = sdpa_reference(q, kv, 1, slots.repeat(n, 1), lens)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    if bf16_dots and torch.cpu._is_avx512_bf16_supported():
+        scale = d ** -0.5  # the kernel rounds the scaled query
+        rounded_q = (q * scale).bfloat16().float() / scale
+        want = sdpa_reference(rounded_q, kv.float().bfloat16().float(), 1, slots.repeat(n, 1), lens)
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-2)
+    else:
+        want = sdpa_reference(q, kv, 1, slots.repeat(n, 1), lens)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 @needs_avx512
@@ -233,10 +244,11 @@ def test_prefill_attention_on_one_thread_and_two(native: object) -> None:
     for threads in (1, 2):
         torch.set_num_threads(threads)
         try:
-            outs.append(torch.ops.homeai.prefill_attention(q, kv, 0, slots, 40))
+            outs += [torch.ops.homeai.prefill_attention(q, kv, 0, slots, 40, bf16) for bf16 in (False, True)]
         finally:
             torch.set_num_threads(before)
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[0], outs[2], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[1], outs[3], rtol=1e-5, atol=1e-6)
 
 
 @needs_avx512
@@ -244,11 +256,11 @@ def test_prefill_attention_rejects_wrong_inputs_with_a_reason(native: object) ->
     op = torch.ops.homeai.prefill_attention
     kv = torch.zeros(2, 32, 2, 3, 64)
     with pytest.raises(RuntimeError, match="slots \\[start \\+ n\\]"):
-        op(torch.zeros(4, 9, 64), kv, 0, torch.arange(5), 2)
+        op(torch.zeros(4, 9, 64), kv, 0, torch.arange(5), 2, False)
     with pytest.raises(RuntimeError, match="head counts"):
-        op(torch.zeros(4, 8, 64), kv, 0, torch.arange(4), 0)
+        op(torch.zeros(4, 8, 64), kv, 0, torch.arange(4), 0, False)
     with pytest.raises(RuntimeError, match="slot 32 of position 1 outside the cache's 32 slots"):
-        op(torch.zeros(2, 9, 64), kv, 0, torch.tensor([3, 32]), 0)
+        op(torch.zeros(2, 9, 64), kv, 0, torch.tensor([3, 32]), 0, True)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "none", "int8-head"])
