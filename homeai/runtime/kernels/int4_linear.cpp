@@ -34,7 +34,8 @@ namespace {
 constexpr int64_t kGroup = 32;
 constexpr int64_t kTile = 16;        // weight rows per tile (one output register)
 constexpr int64_t kTileBytes = 256;  // a tile's group: 16 rows x 16 bytes
-constexpr int kMaxRows = 8;          // activation rows per pass over a block of weight rows
+constexpr int kMaxRows = 8;          // float32 activations: rows per pass over a block of weight rows
+constexpr int kVnniMaxRows = 16;     // int8 activations: rows per pass over a tile (one accumulator each)
 constexpr int64_t kBlockRows = 64;   // weight rows per block: stays in L2 across the passes
 constexpr int64_t kQuantizeGrainRows = 16;  // fewer activation rows are quantized on the calling thread
 
@@ -160,7 +161,7 @@ namespace {
 // activations broadcast) give a group's integer sums, one convert and two FMAs scale them and add the
 // minimum's term: 12 instructions per 512 multiply-adds and activation row, against 32 FMAs (and the
 // weights' conversion to float) with float32 activations. A tile's nibbles are unpacked once for up to
-// 8 activation rows.
+// 16 activation rows (against 8: a 16-row step's matmuls 6 % faster, 46 rows 3 %).
 struct QuantizedRows {
   std::vector<int8_t> xq;  // [M, K]
   std::vector<float> sx;   // [M, K / 32]: each group's scale
@@ -241,15 +242,17 @@ void tile_rows(const QuantizedRows& xr, int64_t m0, const uint8_t* q, const uint
 
 using TileFn = void (*)(const QuantizedRows&, int64_t, const uint8_t*, const uint16_t*, float*, int64_t, int64_t,
                         int64_t);
-constexpr TileFn kTileFns[kMaxRows + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
-                                           tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+constexpr TileFn kTileFns[kVnniMaxRows + 1] = {
+    nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>, tile_rows<5>, tile_rows<6>, tile_rows<7>,
+    tile_rows<8>, tile_rows<9>, tile_rows<10>, tile_rows<11>, tile_rows<12>, tile_rows<13>, tile_rows<14>,
+    tile_rows<15>, tile_rows<16>};
 
-// Tiles [t0, t1), every activation row: up to 8 rows per pass over a tile (it stays in L1 between passes).
+// Tiles [t0, t1), every activation row: up to 16 rows per pass over a tile (it stays in L1 between passes).
 void linear_vnni(const QuantizedRows& xr, const uint8_t* q, const uint16_t* sz, float* out, int64_t M, int64_t K,
                  int64_t N, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-      kTileFns[std::min<int64_t>(kMaxRows, M - m0)](xr, m0, q, sz, out, K, N, t);
+    for (int64_t m0 = 0; m0 < M; m0 += kVnniMaxRows) {
+      kTileFns[std::min<int64_t>(kVnniMaxRows, M - m0)](xr, m0, q, sz, out, K, N, t);
     }
   }
 }
