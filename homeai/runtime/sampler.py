@@ -36,6 +36,18 @@ def greedy_pick(logits: Tensor) -> GreedyPick:
     return GreedyPick(logits.argmax(dim=-1), logits.amax(dim=-1) - logits.logsumexp(dim=-1))
 
 
+def argmax_logsumexp(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's argmax (its first maximum) and logsumexp: one native pass per row on a CPU with AVX-512
+    (torch's CPU argmax walks a row one element at a time: 43 us for 49,152 logits), torch elsewhere."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.shape[1] > 0:
+        from homeai.runtime.kernels import argmax_logsumexp as native
+
+        op = native()
+        if op is not None:
+            return op(logits)
+    return logits.argmax(dim=-1), logits.logsumexp(dim=-1)
+
+
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
     """A request's own random stream on ``device``; a nondeterministic seed when ``seed`` is None."""
     generator = torch.Generator(device=device)
@@ -262,7 +274,7 @@ class Sampler:
             return _to_host(greedy.tokens, greedy.logprobs)  # the distribution is the raw logits'
         if sampling_rows:
             logits = apply_filters(logits, params)
-        tokens = logits.argmax(dim=-1)
+        tokens, lse = argmax_logsumexp(logits)
         if sampling_rows:
             index = torch.tensor(sampling_rows, dtype=torch.long, device=logits.device)
             picks = _race(logits, sampling_rows, index, generators)
@@ -272,5 +284,5 @@ class Sampler:
             self.last_top_logprobs = top_logprobs(distribution, params)
             logprobs = distribution.gather(1, tokens.unsqueeze(1)).squeeze(1)
         else:
-            logprobs = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - logits.logsumexp(dim=-1)
+            logprobs = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse
         return _to_host(tokens, logprobs)

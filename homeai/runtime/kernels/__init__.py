@@ -18,6 +18,8 @@
   (``keep_warm.cpp``): a core left idle takes milliseconds to wake on a VM.
 - ``layer_glue``: an eager step's elementwise work between the matmuls, one pass each (residual add and
   RMSNorm, RoPE, SwiGLU's silu * up; ``layer_glue.cpp``).
+- ``argmax_logsumexp``: each row's first maximum and log-sum-exp for the sampler of an eager step
+  (``argmax_logsumexp.cpp``): torch's CPU argmax walks a row one element at a time.
 
 The build takes ~15 s with the C++ compiler torch.compile needs anyway; its output lives under the cache
 directory (``<cache>/kernels/``), so later starts only load it. Without a compiler, or on a CPU without
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 _SOURCES = (_HERE / "int8_linear.cpp", _HERE / "int4_linear.cpp", _HERE / "float_linear.cpp",
             _HERE / "decode_attention.cpp", _HERE / "prefill_attention.cpp", _HERE / "layer_glue.cpp",
-            _HERE / "keep_warm.cpp")
+            _HERE / "keep_warm.cpp", _HERE / "argmax_logsumexp.cpp")
 _HEADERS = (_HERE / "int8_linear_kernel.inc", _HERE / "attention_math.inc")
 _DISABLE_ENV = "HOMEAI_NATIVE_KERNELS"  # "0": never build or use them (torch's kernels only)
 _lock = threading.Lock()
@@ -86,6 +88,10 @@ def _build() -> None:
     def _prefill(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor, start: int,
                  bf16_dots: bool) -> torch.Tensor:
         return torch.empty_like(q)
+
+    @torch.library.register_fake("homeai::argmax_logsumexp")
+    def _argmax_lse(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return logits.new_empty(logits.shape[0], dtype=torch.long), logits.new_empty(logits.shape[0])
 
     @torch.library.register_fake("homeai::decode_attention")
     def _attention(q: torch.Tensor, kv: torch.Tensor, layer: int, slots: torch.Tensor,
@@ -207,6 +213,15 @@ def layer_glue() -> LayerGlue | None:
         return None
     ops = torch.ops.homeai
     return LayerGlue(ops.add_rms_norm.default, ops.silu_mul.default, ops.rope_.default)
+
+
+def argmax_logsumexp() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """``op(logits [N, V] float32 CPU) -> (tokens [N] long, lse [N] float32)``: each row's first maximum
+    (as ``torch.argmax``) and ``torch.logsumexp``, or None where it cannot be built or this CPU lacks
+    AVX-512."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not _library():
+        return None
+    return torch.ops.homeai.argmax_logsumexp.default
 
 
 def keep_warm() -> Callable[[int], None] | None:

@@ -374,3 +374,33 @@ def test_tiled_head_embeds_the_rows_the_row_major_layer_has(native: object) -> N
     with pytest.raises(RuntimeError, match=r"qt int8 \[N/16, K/2, 32\]"):
         torch.ops.homeai.int8_linear_tiled(torch.randn(2, 96), plain.q, tiled.scale_f32)  # row-major: not tiles
     assert type(make_linear(torch.randn(40, 96), None, "int8", CPU, torch.float32, head=True)) is Int8Linear  # 40 rows
+
+
+@needs_avx512
+@pytest.mark.parametrize(("rows", "vocab"), [(0, 49152), (1, 49152), (3, 17), (9, 49152), (2, 100_003)])
+def test_argmax_logsumexp_is_torchs(native: object, rows: int, vocab: int) -> None:
+    """Each row's first maximum and its log-sum-exp, as torch's, at any vocabulary size (a partial last
+    vector), from rows of any count."""
+    gen = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randn(rows, vocab, generator=gen) * 5
+    tokens, lse = torch.ops.homeai.argmax_logsumexp(logits)
+    assert tokens.dtype == torch.long and tokens.shape == lse.shape == (rows,)
+    assert torch.equal(tokens, logits.argmax(-1))
+    torch.testing.assert_close(lse, logits.logsumexp(-1), rtol=1e-6, atol=1e-5)
+
+
+@needs_avx512
+def test_argmax_logsumexp_takes_the_first_maximum_and_skips_forbidden_tokens(native: object) -> None:
+    """Ties go to the first index (in another lane, in a later vector, in the tail), -inf (a grammar's
+    forbidden token) adds nothing, and a row with every token forbidden gives index 0 and -inf, as torch."""
+    logits = torch.full((5, 70), -1.0)
+    logits[0, [3, 19, 40]] = 2.0  # the first of three maxima, in different lanes and vectors
+    logits[1, [69, 64]] = 2.0  # both in the tail
+    logits[2] = float("-inf")
+    logits[2, 50] = 0.5  # one allowed token
+    logits[3] = float("-inf")  # none allowed
+    logits[4, [17, 1]] = 3.0  # the earlier one sits in a lower lane of the first vector
+    tokens, lse = torch.ops.homeai.argmax_logsumexp(logits)
+    assert tokens.tolist() == [3, 64, 50, 0, 1] == logits.argmax(-1).tolist()
+    torch.testing.assert_close(lse, logits.logsumexp(-1))
+    assert lse[3] == float("-inf")
