@@ -128,20 +128,16 @@ class ModelRunner:
             meta.all_decode = len(decode_rows) == len(ids)
 
         for token_start, start, n, table in paged_chunks:
-            seen = np.arange(start + n)  # positions up to the chunk's last token
-            seen_slots = np.asarray(table, dtype=np.int64)[seen // bs] * bs + seen % bs
-            meta.prefills.append(PrefillChunk(token_start, n, torch.from_numpy(seen_slots).to(dev), None, start))
+            meta.prefills.append(PrefillChunk(token_start, n, _context_slots(table, start + n, bs, dev), None, start))
         for token_start, start, n, table in prefill_specs:
             if start == 0:
                 meta.prefills.append(PrefillChunk(token_start, n, None, None))
                 continue
             ctx = start + n
             ctx_pos = torch.arange(ctx)
-            tbl = torch.tensor(table, dtype=torch.long)
-            ctx_slots = tbl[ctx_pos // bs] * bs + ctx_pos % bs
             q_pos = torch.arange(start, ctx).unsqueeze(1)
             mask = ctx_pos.unsqueeze(0) <= q_pos  # [n, ctx]
-            meta.prefills.append(PrefillChunk(token_start, n, ctx_slots.to(dev), mask.to(dev)))
+            meta.prefills.append(PrefillChunk(token_start, n, _context_slots(table, ctx, bs, dev), mask.to(dev)))
         return BatchInputs(
             input_ids=_long(ids, dev),
             positions=_long(pos, dev),
@@ -218,6 +214,13 @@ class ModelRunner:
             if self._matchers is not None and seq.params.constraint is not None:
                 self._matchers.advance(seq.seq_id, tok)
         return out
+
+
+def _context_slots(table: list[int], end: int, block_size: int, device: torch.device) -> torch.Tensor:
+    """The cache slot of each position 0 .. end - 1 of a sequence with block table ``table``."""
+    seen = np.arange(end)
+    return torch.from_numpy(np.asarray(table, dtype=np.int64)[seen // block_size] * block_size
+                            + seen % block_size).to(device)
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
