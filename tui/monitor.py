@@ -58,7 +58,9 @@ class Monitor(App[None]):
         self.stats = doc
 
     def watch_stats(self, doc: StatsDoc | None) -> None:
-        if doc is not None and isinstance(self.screen, StatsScreen):
+        """Redraws the visible stats screen. A document can still arrive while the app shuts down, after its
+        screens are gone (``self.screen`` would raise ScreenStackError and fail the stream worker)."""
+        if doc is not None and self.screen_stack and isinstance(self.screen, StatsScreen):
             self.screen.refresh_stats()
 
     async def on_unmount(self) -> None:
