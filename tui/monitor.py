@@ -7,6 +7,10 @@ can name the app's type without importing the module that imports them. They rea
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
 from textual import work
 from textual.app import App
 from textual.dom import DOMNode
@@ -16,6 +20,8 @@ from textual.screen import Screen
 from tui.client import Connection, GatewayClient
 from tui.documents import StatsDoc
 from tui.history import StatsHistory
+
+T = TypeVar("T")
 
 
 class StatsScreen(Screen[None]):
@@ -58,9 +64,10 @@ class Monitor(App[None]):
         self.stats = doc
 
     def watch_stats(self, doc: StatsDoc | None) -> None:
-        """Redraws the visible stats screen. A document can still arrive while the app shuts down, after its
-        screens are gone (``self.screen`` would raise ScreenStackError and fail the stream worker)."""
-        if doc is not None and self.screen_stack and isinstance(self.screen, StatsScreen):
+        """Redraws the visible stats screen while the app runs. A document can still arrive while it shuts
+        down, as its screens' widgets are removed or after the screens are gone: drawing then would fail the
+        stream worker (NoMatches, ScreenStackError), and the app with it."""
+        if doc is not None and self.is_running and self.screen_stack and isinstance(self.screen, StatsScreen):
             self.screen.refresh_stats()
 
     async def on_unmount(self) -> None:
@@ -73,3 +80,14 @@ def monitor_of(node: DOMNode) -> Monitor:
     if not isinstance(app, Monitor):
         raise TypeError(f"{type(node).__name__} runs in a tui Monitor app, not {type(app).__name__}")
     return app
+
+
+async def reply(node: DOMNode, call: Awaitable[T]) -> T:
+    """``await call`` (a server request) in a worker of ``node``. Once the app is shutting down, the worker
+    ends as cancelled instead of drawing the answer (or the error): the widgets it would update are being
+    removed, and a failed query there (NoMatches) would fail the worker and the app with it."""
+    try:
+        return await call
+    finally:
+        if not node.app.is_running:
+            raise asyncio.CancelledError  # noqa: B012 - the answer, or its error, has nowhere to go

@@ -19,7 +19,7 @@ from textual.widgets import Footer, Input, Label, ListItem, ListView, ProgressBa
 from tui.client import ApiError, GatewayClient, JobsUnavailable
 from tui.documents import JobView
 from tui.format import BAD, DIM, GOOD, WARN, fmt_duration
-from tui.monitor import monitor_of
+from tui.monitor import monitor_of, reply
 from tui.widgets import StatusLine
 
 STATE_STYLE = {"running": GOOD, "queued": "", "paused": WARN, "failed": BAD, "done": DIM}
@@ -167,7 +167,7 @@ class JobsScreen(Screen[None]):
 
     async def _poll_once(self) -> None:
         try:
-            jobs = await self.client.list_jobs()
+            jobs = await reply(self, self.client.list_jobs())
         except JobsUnavailable:
             self.available = False
             self.note("jobs API not available on this server (GET /v1/jobs: not found)", WARN)
@@ -217,7 +217,7 @@ class JobsScreen(Screen[None]):
     @work(group="jobs-act")
     async def act(self, jid: int, action: str) -> None:
         try:
-            await self.client.job_action(jid, action)
+            await reply(self, self.client.job_action(jid, action))
         except ApiError as e:
             self.tell(f"{action} #{jid} failed: {e.message}", BAD)
             return
@@ -233,7 +233,7 @@ class JobsScreen(Screen[None]):
     @work(group="jobs-act")
     async def add_job(self, folder: str, collection: str | None) -> None:
         try:
-            job = await self.client.add_index_job(folder, collection)
+            job = await reply(self, self.client.add_index_job(folder, collection))
         except ApiError as e:
             self.tell(f"cannot add the job: {e.message}", BAD)
             return

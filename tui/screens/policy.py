@@ -19,7 +19,7 @@ from textual.widgets.option_list import Option
 from tui.client import ApiError, GatewayClient
 from tui.documents import PolicyApplied, PolicyErrorItem
 from tui.format import BAD, DIM, GOOD, WARN
-from tui.monitor import monitor_of
+from tui.monitor import monitor_of, reply
 from tui.screens.policy_history import HistoryScreen
 from tui.widgets import StatusLine
 
@@ -126,7 +126,7 @@ class PolicyScreen(Screen[None]):
     async def action_reload(self) -> None:
         """Load the running policy from the server (discards unapplied edits)."""
         try:
-            text = await self.client.get_policy()
+            text = await reply(self, self.client.get_policy())
         except ApiError as e:
             self.say(f"cannot load the policy: {e.message}", BAD)
             return
@@ -141,7 +141,7 @@ class PolicyScreen(Screen[None]):
         """The server's dry run: the same checks as an apply, at their lines, or the diff it would make;
         never applies."""
         try:
-            result = await self.client.validate_policy(self.text)
+            result = await reply(self, self.client.validate_policy(self.text))
         except ApiError as e:
             self.report_failure(e)
             return
@@ -163,7 +163,7 @@ class PolicyScreen(Screen[None]):
         """PUT the editor's text; on success show the diff, on 422 each error at its line."""
         text = self.text
         try:
-            result = await self.client.put_policy(text)
+            result = await reply(self, self.client.put_policy(text))
         except ApiError as e:
             self.report_failure(e)
             return
@@ -200,8 +200,8 @@ class PolicyScreen(Screen[None]):
     @work(exclusive=True, group="policy")
     async def rollback(self, version: int) -> None:
         try:
-            result = await self.client.rollback(version)
-            text = await self.client.get_policy()
+            result = await reply(self, self.client.rollback(version))
+            text = await reply(self, self.client.get_policy())
         except ApiError as e:
             self.report_failure(e)
             return

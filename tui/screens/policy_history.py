@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from tui.client import ApiError, GatewayClient
 from tui.format import BAD, DIM, GOOD
+from tui.monitor import reply
 
 
 def when(iso: str) -> str:
@@ -60,7 +61,7 @@ class HistoryScreen(ModalScreen[int | None]):
     async def load(self) -> None:
         hint = self.query_one("#hint", Static)
         try:
-            body = await self.client.policy_history()
+            body = await reply(self, self.client.policy_history())
         except ApiError as e:
             hint.update(Text(f"✖ {e.message}", style=BAD))
             return
