@@ -35,4 +35,3 @@ async def test_status_line_warns_while_the_policy_file_is_refused() -> None:
         app.add_stats(convert({**last, "policy": {"status": "ok"}}, StatsDoc))
         await until(pilot, lambda: "refused" not in str(line.render()))
         assert "live" in str(line.render())
-
