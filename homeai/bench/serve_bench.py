@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,16 +491,17 @@ PHASE_RUNNERS: dict[str, Phase] = {"single": single_phase, "idle": idle_phase, "
 
 
 @contextlib.contextmanager
-def launched_server(log: Log) -> Iterator[tuple[str, int]]:
-    """`homeai serve` with its defaults on a free loopback port and a temporary data directory;
-    yields (url, pid) once /readyz says ready; SIGTERM on the way out (SIGKILL if it hangs)."""
+def launched_server(log: Log, serve_args: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """`homeai serve` with its defaults (plus ``serve_args``: ``--policy``, ``--kv-cache-mb``) on a free
+    loopback port and a temporary data directory; yields (url, pid) once /readyz says ready; SIGTERM on
+    the way out (SIGKILL if it hangs)."""
     from homeai.bench.soak_server import _free_port, _wait_ready, stop_server
 
     with tempfile.TemporaryDirectory(prefix="homeai-bench-serve-") as tmp:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "homeai.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--data-dir", str(Path(tmp) / "data")]
+               "--data-dir", str(Path(tmp) / "data"), *serve_args]
         env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV_SCRUBBED}
         log_path = Path(tmp) / "server.log"
         log(f"serve: starting {' '.join(cmd[2:])}")
@@ -708,6 +709,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streams-s", type=float, help="seconds per stream count (default 20)")
     p.add_argument("--household-s", type=float, help="seconds per household window, twice (default 60)")
     p.add_argument("--background", type=int, help="summaries kept in flight in the household (default 12)")
+    p.add_argument("--policy", type=Path, help="the server's policy file (default: its own, policies/default.yaml)")
+    p.add_argument("--kv-cache-mb", type=int, help="the server's KV cache size (default: its own, 256)")
     p.add_argument("--nodes", type=int, default=0,
                    help="serve as a cluster: `homeai serve --cluster` on loopback plus this many `homeai node join` "
                         "processes on this machine (default 0: one device)")
@@ -738,6 +741,16 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     return opts
 
 
+def serve_arguments(args: argparse.Namespace) -> list[str]:
+    """What ``--policy`` and ``--kv-cache-mb`` pass on to the `homeai serve` the bench starts."""
+    out = []
+    if args.policy is not None:
+        out += ["--policy", str(args.policy.resolve())]
+    if args.kv_cache_mb is not None:
+        out += ["--kv-cache-mb", str(args.kv_cache_mb)]
+    return out
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         opts = options_from_args(args)
@@ -753,7 +766,7 @@ def run_serve(args: argparse.Namespace) -> int:
     elif args.nodes > 0:
         report = run_cluster_bench(opts, log, args.nodes, args.stop_node_at)
     else:
-        with launched_server(log) as (url, pid):
+        with launched_server(log, serve_arguments(args)) as (url, pid):
             report = asyncio.run(run_bench(url, pid, opts, log))
     print(json.dumps(report) if args.json else format_table(report))
     return 0

@@ -7,7 +7,9 @@ one step; requests of a single output token) and drives each through the real Mo
 format, beside float32 eager on the same weights: the logits of every sampled row must match within the
 format's tolerance, and no step may raise. A prefix the cache reuses inside a block (copied, or taken
 over) goes through every format too. The model is a small random Llama of real head size (64, so the
-native decode-attention kernel serves it as it serves SmolLM2), loaded in milliseconds.
+native decode-attention kernel serves it as it serves SmolLM2), loaded in milliseconds. Where a CUDA
+device is present (``gpu`` marker; ``deploy/gpu-check/check.sh tests``) the same plans go through bfloat16
+and int8 on it, eager and compiled, against float32 eager on the CPU.
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ class Stack:
     block_manager: BlockManager
 
     @classmethod
-    def build(cls, quantization: str, compiled: bool, cache_dir: Path) -> Stack:
+    def build(cls, quantization: str, compiled: bool, cache_dir: Path, device: str = "cpu",
+              dtype: torch.dtype = torch.float32) -> Stack:
         cfg = small_config()
-        model = LlamaModel(cfg, small_weights(cfg), torch.device("cpu"), torch.float32, quantization)
+        model = LlamaModel(cfg, small_weights(cfg), torch.device(device), dtype, quantization)
         bm = BlockManager(NUM_BLOCKS, BLOCK)
         cache = KVCache(cfg.num_layers, NUM_BLOCKS, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.device, model.kv_dtype)
         runner = ModelRunner(model, cache)
@@ -69,7 +72,8 @@ class Stack:
                                              cache_dir=cache_dir, buckets=COMPILED_BUCKETS)
             for bucket in runner.compiled.buckets:
                 assert runner.compiled.compile_bucket(bucket), runner.compiled.failed
-        return cls(f"{quantization}{'-compiled' if compiled else ''}", runner, bm)
+        return cls(f"{quantization}{'-compiled' if compiled else ''}{'' if device == 'cpu' else '-' + device}",
+                   runner, bm)
 
     def logits(self, plan: StepPlan, seqs: dict[int, Sequence]) -> torch.Tensor:
         """The sampled rows' logits of ``plan``, through the runner's own prepare and forward."""
@@ -77,7 +81,7 @@ class Stack:
             self.block_manager.allocate(chunk.seq_id, chunk.start + chunk.num_tokens)
             chunk.block_table = self.block_manager.block_table(chunk.seq_id)
         logits, _ = self.runner._forward(self.runner.prepare(plan, seqs))
-        return logits
+        return logits.float().cpu()
 
     def forget(self, seqs: dict[int, Sequence]) -> None:
         for seq_id in seqs:
@@ -85,6 +89,10 @@ class Stack:
 
 
 VARIANTS = [(q, c) for q in ("none", "int8", "int4") for c in (False, True)]
+# On CUDA the weights and activations are bfloat16 (int4 runs on the CPU only); against float32 eager on
+# the CPU, each op's output rounded to 8 bits of mantissa, the int8 rounding on top.
+CUDA_VARIANTS = [(q, c) for q in ("none", "int8") for c in (False, True)]
+CUDA_TOLERANCE = {"none": 0.05, "int8": 0.08}
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +110,37 @@ def workloads(draw: st.DrawFn) -> list[tuple[list[int], int]]:
             for _ in range(n)]
 
 
+@pytest.fixture(scope="module")
+def cuda_stacks(homeai_cache_dir: Path) -> dict[str, Stack]:
+    built = [Stack.build(q, c, homeai_cache_dir, "cuda", torch.bfloat16) for q, c in CUDA_VARIANTS]
+    return {s.name: s for s in built}
+
+
 @pytest.mark.parametrize(("quantization", "compiled"), VARIANTS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(work=workloads(), data=st.data())
 def test_every_step_shape_matches_float32_eager(stacks: dict[str, Stack], quantization: str, compiled: bool,
                                                 work: list[tuple[list[int], int]], data: st.DataObject) -> None:
-    ref = stacks["none"]
     under_test = stacks[f"{quantization}{'-compiled' if compiled else ''}"]
+    drive_steps(stacks["none"], under_test, work, data, TOLERANCE[quantization])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("quantization", "compiled"), CUDA_VARIANTS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(work=workloads(), data=st.data())
+def test_every_step_shape_on_cuda_matches_float32_eager(stacks: dict[str, Stack], cuda_stacks: dict[str, Stack],
+                                                        quantization: str, compiled: bool,
+                                                        work: list[tuple[list[int], int]],
+                                                        data: st.DataObject) -> None:
+    under_test = cuda_stacks[f"{quantization}{'-compiled' if compiled else ''}-cuda"]
+    drive_steps(stacks["none"], under_test, work, data, CUDA_TOLERANCE[quantization])
+
+
+def drive_steps(ref: Stack, under_test: Stack, work: list[tuple[list[int], int]], data: st.DataObject,
+                tolerance: float) -> None:
+    """Drawn step plans until every request has its tokens; each step's sampled logits within
+    ``tolerance`` of float32 eager's (as a share of their largest magnitude)."""
     seqs = {i: Sequence(i, f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=out))
             for i, (prompt, out) in enumerate(work)}
     computed = dict.fromkeys(seqs, 0)
@@ -130,7 +162,7 @@ def test_every_step_shape_matches_float32_eager(stacks: dict[str, Stack], quanti
             if sampled:
                 scale = want.abs().max().item()
                 diff = (got - want).abs().max().item()
-                assert diff <= TOLERANCE[quantization] * scale, f"{under_test.name}: {diff:.4g} vs scale {scale:.3g}"
+                assert diff <= tolerance * scale, f"{under_test.name}: {diff:.4g} vs scale {scale:.3g}"
             for chunk in plan.chunks:
                 computed[chunk.seq_id] += chunk.num_tokens
             for chunk, token in zip(sampled, want.argmax(-1).tolist(), strict=True):  # both follow float32
@@ -190,6 +222,13 @@ def test_the_compiled_variants_served_compiled_steps(stacks: dict[str, Stack]) -
     """Runs after the drawn plans (file order): each compiled variant took some of its steps compiled."""
     for name, stack in stacks.items():
         if name.endswith("-compiled"):
+            assert stack.runner.compiled_steps > 0, name
+
+
+@pytest.mark.gpu
+def test_the_compiled_cuda_variants_served_compiled_steps(cuda_stacks: dict[str, Stack]) -> None:
+    for name, stack in cuda_stacks.items():
+        if "-compiled" in name:
             assert stack.runner.compiled_steps > 0, name
 
 
