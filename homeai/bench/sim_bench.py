@@ -87,6 +87,8 @@ def print_table(report: dict[str, Any]) -> None:
         for cls, c in fig["classes"].items():
             print(f"{cls:<10} {_fmt(c['ttft_p50_s']):>9} {_fmt(c['ttft_p99_s']):>9} {_fmt(c['itl_p50_s']):>8} "
                   f"{_fmt(c['itl_p99_s']):>8} {c['tokens_per_s']:>9.0f} {c['completed']:>6} {c['rejections']:>5}")
+        for run, split in fig["device_s"].items():
+            print(f"device seconds, {run}: " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()))
 
 
 def print_acceptance(report: dict[str, Any]) -> None:

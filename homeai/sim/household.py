@@ -92,6 +92,10 @@ def jain_chat(res: SimResult) -> float:
     return float(x.sum() ** 2 / (len(x) * (x ** 2).sum()))
 
 
+def _rounded(split: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in sorted(split.items())}
+
+
 def _run(policy: Policy, mapping: Mapping, cost: CostModel, trace: list[TraceRequest], horizon_s: float,
          kv_blocks: int) -> SimResult:
     return Simulator(copy.deepcopy(policy), cost, mapping, kv_blocks).run(trace, horizon_s)
@@ -128,6 +132,7 @@ def compare(policy_path: Path, cost: CostModel, horizon_s: float = 120.0, seed: 
             "preemptions": r_mix.num_preemptions,
             "futile_preemptions": r_mix.num_futile_preemptions,
             "wasted_tokens": sum(r_mix.wasted_tokens.values()),
+            "device_s": {"mix": _rounded(r_mix.device_s), "background_alone": _rounded(r_alone.device_s)},
         }
     out = dict(report["ours"])
     out["profile"] = cost.name

@@ -61,6 +61,11 @@ class SimResult:
     in_flight: set[str] = field(default_factory=set)  # request ids still queued or running at the horizon
     num_futile_preemptions: int = 0  # preemptions that did not make the room they were made for
     wasted_tokens: dict[str, int] = field(default_factory=dict)  # class -> computed, then thrown away
+    # Where the device's time went, by what each piece of work carried: "llm:voice+chat" (an LLM step
+    # with those interactive classes' rows, background rows beside them or not), "llm:background" (none),
+    # "embed:<class>" (its inputs' share of batches, by tokens), "embed_fixed:<class>" (of that, the
+    # batches' fixed cost)
+    device_s: dict[str, float] = field(default_factory=dict)
 
     def useful_tokens(self, class_name: str) -> int:
         """Tokens of a class the device processed that survive: preempted work computed again is waste."""
@@ -102,6 +107,7 @@ class Simulator:
         self.wasted: dict[str, int] = {}  # class -> tokens computed, then thrown away by a preemption
         self._computed: dict[int, int] = {}  # seq id -> tokens computed for it since it was last admitted
         self.busy_s: dict[str, float] = {}
+        self.device_s: dict[str, float] = {}
         # Background jobs are closed-loop clients (as the job runner is): at most this many requests of
         # each background class outstanding; the next goes in when one completes.
         self.background_concurrency = background_concurrency
@@ -209,7 +215,7 @@ class Simulator:
         wasted = {name: n for name, n in self.wasted.items() if n}
         return SimResult(list(self.records.values()), horizon_s, dict(self.processed), self._steps,
                          self._batches, sum(s.num_preemptions for s in scheds), dict(self.busy_s), in_flight,
-                         sum(s.num_futile_preemptions for s in scheds), wasted)
+                         sum(s.num_futile_preemptions for s in scheds), wasted, dict(self.device_s))
 
     # ---- the Device protocol (homeai.scheduling.device): a cost model instead of an accelerator ----
     def apply_inbox(self) -> None:
@@ -243,6 +249,9 @@ class Simulator:
         ctx = sum(c.start + c.num_tokens for c in plan.chunks)
         step_s = self._cost_of[id(sched)].llm_step_s(plan.num_tokens, len(plan.chunks), ctx)
         self.clock.advance(step_s)
+        reqs = [self.records[seqs[c.seq_id].request_id].req for c in plan.chunks]
+        kind = "llm:" + ("+".join(sorted({r.class_name for r in reqs if not r.background})) or "background")
+        self.device_s[kind] = self.device_s.get(kind, 0.0) + step_s
         for c in plan.chunks:
             trace_cls = self.records[seqs[c.seq_id].request_id].req.class_name
             self.processed[trace_cls] = self.processed.get(trace_cls, 0) + c.num_tokens
@@ -265,9 +274,12 @@ class Simulator:
         tokens = sum(item.payload[1] for item in work.items)
         batch_s = self.cost.embed_batch_s(tokens)
         self.clock.advance(batch_s)
+        fixed_s = min(batch_s, self.cost.embed_base_s)
         now = self.clock.now()
         for item in work.items:
             rid, n, trace_cls = item.payload
+            for key, seconds in ((f"embed:{trace_cls}", batch_s), (f"embed_fixed:{trace_cls}", fixed_s)):
+                self.device_s[key] = self.device_s.get(key, 0.0) + seconds * n / max(1, tokens)
             self.processed[trace_cls] = self.processed.get(trace_cls, 0) + n
             self.busy_s[trace_cls] = self.busy_s.get(trace_cls, 0.0) + batch_s * n / max(1, tokens)
             rec = self.records[rid]

@@ -57,3 +57,20 @@ def test_compare_reports_the_bench_keys_for_ours_and_each_baseline(report: dict[
         assert 0.0 < figures["jain_chat"] <= 1.0
         assert {"voice", "chat", "embedding", "indexing", "summarize"} <= figures["classes"].keys()
     json.loads(json.dumps(report))  # what --json prints
+
+
+def test_the_device_time_split_accounts_for_every_busy_second(report: dict[str, Any]) -> None:
+    """``device_s`` splits the device's time by what each step or batch carried: LLM steps by their
+    interactive classes, batches by class, a batch's fixed cost a part of its class's time; together no
+    more than the run lasted (the last piece may end past the horizon)."""
+    for figures in (report, *report["baselines"].values()):
+        for split in figures["device_s"].values():
+            work = {k: v for k, v in split.items() if not k.startswith("embed_fixed:")}
+            assert 0.0 < sum(work.values()) <= HORIZON_S + 1.0
+            assert all(k.startswith(("llm:", "embed:")) for k in work)
+            for key, fixed in split.items():
+                if key.startswith("embed_fixed:"):
+                    assert 0.0 <= fixed <= split["embed:" + key.removeprefix("embed_fixed:")]
+    mix = report["device_s"]["mix"]
+    assert "llm:chat+voice" in mix and "embed:indexing" in mix  # voice's steps carry chat's rows
+    assert not any("voice" in k for k in report["device_s"]["background_alone"])
