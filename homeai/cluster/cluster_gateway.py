@@ -202,9 +202,9 @@ class ClusterGateway(Gateway):
 
     async def _stream_from(self, rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
         if rid == LOCAL:
-            stream = self._leased(req.model, self.llm(req.model).generate(
+            stream = self._leased(Route(req.model, req.class_name), self.llm(req.model), lambda engine: engine.generate(
                 req.prompt_ids, req.params, req.request_id, req.class_name, req.user, req.priority_level or None,
-                req.timeout_us or None))
+                req.timeout_us or None), req.timeout_us)
             try:
                 async for delta in stream:
                     yield delta

@@ -56,6 +56,8 @@ class DeviceLoop:
         self.llms: dict[str, LLMEngine] = dict(llms or {})
         if llm is not None:
             self.llms[llm.scheduler.model or "llm"] = llm
+        for name, engine in self.llms.items():
+            engine.name = name
         self.batcher = batcher
         self.embed = embed
         # One event wakes the loop, whoever posts: the engines are built around the same one.
@@ -168,6 +170,7 @@ class DeviceLoop:
 
     def _join(self, name: str, engine: LLMEngine) -> bool:
         self.llms[name] = engine
+        engine.name = name
         engine.scheduler.apply_policy(self.batcher.policy)  # the policy may have changed while it loaded
         if self.batcher.llm is not None:
             self.batcher.llm.add(name, engine.scheduler)
@@ -175,7 +178,7 @@ class DeviceLoop:
 
     def _leave(self, name: str) -> bool:
         engine = self.llms.get(name)
-        if engine is None or not engine.is_idle():
+        if engine is None or not engine.leave_if_idle():
             return False
         del self.llms[name]
         if self.batcher.llm is not None:

@@ -26,6 +26,15 @@ class ModelCapacityError(RuntimeError):
         self.model = model
 
 
+class ModelUnloadedError(RuntimeError):
+    """The model left the device (its keep_alive ran out) between a request's lookup of it and the request's
+    submission. The gateway loads it again and submits once more; a caller that gets this sees HTTP 503."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+
 class ModelLoadError(RuntimeError):
     """Loading a model failed (HTTP 503 naming the model and the cause); the next request tries again."""
 

@@ -33,7 +33,7 @@ from homeai.core.types import (
     TokenLogprob,
 )
 from homeai.engine.detokenizer import IncrementalDetokenizer
-from homeai.engine.errors import RequestError
+from homeai.engine.errors import ModelUnloadedError, RequestError
 from homeai.engine.health import EngineHealth
 from homeai.engine.model_runner import ModelRunner
 from homeai.engine.streams import StreamRegistry
@@ -70,6 +70,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._inbox: list[tuple[str, Any]] = []
         self._inbox_lock = threading.Lock()
+        self.name = ""  # the model's name where a pool serves it (what ModelUnloadedError names)
+        self._left = False  # the model left the device loop: nothing drains the inbox any more
         self.wake = threading.Event()  # set when work arrives; the device loop waits on it
         self.health = EngineHealth()  # failures of this model's steps (/readyz, /metrics)
         self.weights = WeightsFormat("none", "not reported")  # what the builder loaded, and why
@@ -114,7 +116,11 @@ class LLMEngine:
         if params.constraint is not None:
             await self.compile_constraint(params.constraint)
         queue = self.streams.open(seq.request_id)
-        self.submit(seq)
+        try:
+            self.submit(seq)
+        except BaseException:
+            self.streams.close(seq.request_id)
+            raise
         finished = False
         try:
             while not finished:
@@ -142,8 +148,13 @@ class LLMEngine:
 
     def submit(self, seq: Sequence) -> None:
         """Post a built sequence; the device thread queues it (the only thread that touches the
-        scheduler). If its queue refuses it, its stream gets the error."""
-        self._post("add", seq)
+        scheduler). If its queue refuses it, its stream gets the error. ModelUnloadedError at once if the
+        model has left the device (its inbox would never be read again)."""
+        with self._inbox_lock:
+            if self._left:
+                raise ModelUnloadedError(self.name, f"model {self.name!r} was unloaded before the request reached it")
+            self._inbox.append(("add", seq))
+        self.wake.set()
 
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
@@ -282,4 +293,14 @@ class LLMEngine:
     def is_idle(self) -> bool:
         with self._inbox_lock:
             return not self._inbox and not self.scheduler.has_work()
+
+    def leave_if_idle(self) -> bool:
+        """Device thread: when nothing is posted or scheduled, mark the engine as gone from the device (under
+        the inbox's lock, so no add slips in between the check and the mark) and return True; a later
+        ``submit`` raises ModelUnloadedError instead of waiting in an inbox nobody reads."""
+        with self._inbox_lock:
+            if self._inbox or self.scheduler.has_work():
+                return False
+            self._left = True
+            return True
 

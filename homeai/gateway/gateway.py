@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +23,7 @@ from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
-from homeai.engine.errors import ModelCapacityError, QueueTimeoutError, RequestError
+from homeai.engine.errors import ModelCapacityError, ModelUnloadedError, QueueTimeoutError, RequestError
 from homeai.engine.llm_engine import LLMEngine
 from homeai.gateway.footprint import build_catalog, engine_bytes, free_engine
 from homeai.gateway.metering import Meter, Submission
@@ -310,9 +310,12 @@ class Gateway:
         engine = self.llm(route.model)
         request_id = request_id or uuid.uuid4().hex
         sub = Submission(request_id, kind, route.class_name, user, route.model, len(prompt_ids))
-        stream = engine.generate(prompt_ids, params, request_id, route.class_name, user, priority_level or None,
-                                 timeout_us or None)
-        return self.meter.stream(sub, self._leased(route.model, stream))
+
+        def submit(engine: LLMEngine) -> AsyncGenerator[TokenDelta, None]:
+            return engine.generate(prompt_ids, params, request_id, route.class_name, user, priority_level or None,
+                                   timeout_us or None)
+
+        return self.meter.stream(sub, self._leased(route, engine, submit, timeout_us))
 
     def apply_class_limits(self, route: Route, prompt_ids: list[int], params: SamplingParams) -> None:
         """The class's prompt limit (RequestError, 400) and output cap (``params.max_tokens`` lowered)."""
@@ -323,13 +326,32 @@ class Gateway:
         if cp.max_output_tokens:
             params.max_tokens = min(params.max_tokens, cp.max_output_tokens)
 
-    async def _leased(self, model: str, stream: AsyncGenerator[TokenDelta, None]) -> AsyncGenerator[TokenDelta, None]:
-        """The stream, with its model kept on the device until it ends (keep_alive counts from then)."""
+    async def _leased(self, route: Route, engine: LLMEngine,
+                      submit: Callable[[LLMEngine], AsyncGenerator[TokenDelta, None]],
+                      timeout_us: int | None) -> AsyncGenerator[TokenDelta, None]:
+        """``submit(engine)``'s stream, with its model kept on the device until it ends (keep_alive counts
+        from then). A model that left the device between the request's lookup of it and its submission
+        (``ModelUnloadedError``: its keep_alive ran out meanwhile) is loaded again and the request submitted
+        once more; the lease, taken before, keeps it there this time."""
+        model = route.model
         if self.pool is not None:
             self.pool.lease(model)
+        stream = submit(engine)
         try:
+            try:
+                first = await anext(stream)
+            except ModelUnloadedError:
+                if self.pool is None or model not in self.pool.models:
+                    raise
+                log.info("model %s left the device as a request reached it: loading it again", model)
+                engine = await self.ensure_llm(model, timeout_us / 1e6 if timeout_us else None, route.class_name)
+                stream = submit(engine)
+                first = await anext(stream)
+            yield first
             async for delta in stream:
                 yield delta
+        except StopAsyncIteration:
+            return
         finally:
             await stream.aclose()  # aborts the sequence if it has not finished
             if self.pool is not None:

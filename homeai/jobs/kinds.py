@@ -39,6 +39,7 @@ async def run_prompt(gateway: Any, job: JobInfo, prompt: str) -> str:
     spec = job.spec
     user = str(spec.get("user") or PROMPT_USER)
     route = gateway.route(spec.get("model"), spec.get("class"), "llm", user)
+    await gateway.ensure_llm(route.model, None, route.class_name)  # an on-demand model may have left: load it
     ids = await asyncio.to_thread(gateway.chat_prompt, route.model, [{"role": "user", "content": prompt}])
     params = SamplingParams(temperature=float(spec.get("temperature", 0.0)),
                             max_tokens=int(spec.get("max_tokens") or 256))
