@@ -21,7 +21,7 @@ from litestar import Request
 from homeai.api.errors import BadRequest
 from homeai.api.generation import Generation
 from homeai.api.offload import INLINE_CHARS, text_size, tokenize
-from homeai.api.routing import check_token_ids, request_context, resident, route_request
+from homeai.api.routing import check_token_ids, request_context, resident, route_request, warn_num_ctx
 from homeai.api.structured import Sourced
 from homeai.api.tools import AnswerShape, ToolPlan, ToolSpec, answer_shape, with_tools_prompt
 from homeai.core.types import SamplingParams
@@ -98,14 +98,11 @@ async def admit(request: Request[Any, Any, Any], gateway: Gateway, req: LLMReque
 
 
 def check_num_ctx(engine: LLMEngine, route: Route, num_ctx: int | None) -> None:
-    """Ollama's ``options.num_ctx``: above the model's context it is a 400 (a smaller one is served in the
-    model's own context)."""
-    if num_ctx is None:
-        return
-    limit = engine.max_model_len
-    if num_ctx > limit:
-        raise BadRequest(f"options.num_ctx is {num_ctx}; model {route.model!r} holds at most {limit} tokens",
-                         param="options.num_ctx")
+    """Ollama's ``options.num_ctx``: the request is served in the model's own context whatever it asks. Above
+    it, Ollama serves at the model's context and logs a warning: Home Assistant asks for 8,192 on every chat
+    by default, and a 400 here failed each of them. A prompt that does not fit is refused on its own."""
+    if num_ctx is not None and num_ctx > engine.max_model_len:
+        warn_num_ctx(route.model, num_ctx, engine.max_model_len)
 
 
 async def prompt_ids_of(engine: LLMEngine, req: LLMRequest, shape: AnswerShape) -> list[int]:

@@ -16,7 +16,7 @@ from litestar import Request
 
 from homeai.api.errors import BadRequest, to_api_error
 from homeai.api.offload import text_size, tokenize
-from homeai.api.routing import RequestContext, check_token_ids, request_context, route_request
+from homeai.api.routing import RequestContext, check_token_ids, request_context, route_request, warn_num_ctx
 from homeai.api.streaming import until_disconnect
 from homeai.engine.embed_service import EmbedResult
 from homeai.gateway.gateway import Gateway, Route
@@ -27,15 +27,14 @@ async def admit_embedding(request: Request[Any, Any, Any], gateway: Gateway, mod
                           dimensions: int | None = None, num_ctx: int | None = None) -> tuple[Route, EmbedResult]:
     """Route, check and embed ``inputs`` (texts, or token rows); ``cut_long``: cut inputs longer than the
     model takes (else a 400 naming the first); ``dimensions``: a size the caller expects (a 400 unless
-    it is the model's); ``num_ctx`` (Ollama's option): a 400 above what the model takes."""
+    it is the model's); ``num_ctx`` (Ollama's option): served in the model's own length above it (logged)."""
     ctx = await request_context(request, body_user)
     route = route_request(gateway, model, ctx, "embedding")
     embedder = gateway.embedders[route.model]
     if dimensions is not None and dimensions != embedder.dim:
         raise BadRequest(f"model {route.model!r} gives {embedder.dim} dimensions", param="dimensions")
-    if num_ctx is not None and num_ctx > embedder.max_length:
-        raise BadRequest(f"options.num_ctx is {num_ctx}; model {route.model!r} holds at most {embedder.max_length} "
-                         "tokens", param="options.num_ctx")
+    if num_ctx is not None and num_ctx > embedder.max_length:  # served in the model's own, as Ollama does
+        warn_num_ctx(route.model, num_ctx, embedder.max_length)
     return route, await run_embedding(request, gateway, route, inputs, ctx, cut_long)
 
 

@@ -4,8 +4,9 @@ Like Ollama, unknown fields and options are accepted and ignored, so Home Assist
 the ``ollama`` package can send whatever their version sends. ``think`` and ``num_ctx`` have no effect
 (the context is the served one); ``keep_alive`` says how long the LLM stays loaded after the request
 (``homeai.gateway.model_pool``). A value Ollama would refuse is refused here too: a ``keep_alive`` that is
-neither a Go duration ("5m", "1h30m", "0", "-1m") nor a number of seconds, and (in the routes, which
-know the model) a ``num_ctx`` above the model's context. ``tools`` and ``format`` ("json" or a JSON
+neither a Go duration ("5m", "1h30m", "0", "-1m") nor a number of seconds. A ``num_ctx`` above the
+model's context is served in the model's own and logged, as Ollama does (Home Assistant sends 8,192 on
+every chat). ``tools`` and ``format`` ("json" or a JSON
 Schema) constrain the answer (``homeai.api.tools``, ``structured``).
 """
 

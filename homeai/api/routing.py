@@ -98,6 +98,17 @@ async def resident(gateway: Gateway, route: Route, ctx: RequestContext, keep_ali
         raise to_api_error(exc) from None
 
 
+_NUM_CTX_WARNED: set[tuple[str, int]] = set()
+
+
+def warn_num_ctx(model: str, num_ctx: int, limit: int) -> None:
+    """Ollama's ``options.num_ctx`` above the model's context: served in the model's own, as Ollama does, and
+    logged once per model and value (a client sends the same on every request)."""
+    if (model, num_ctx) not in _NUM_CTX_WARNED:
+        _NUM_CTX_WARNED.add((model, num_ctx))
+        log.warning("options.num_ctx %d is above model %s's context: served in its %d tokens", num_ctx, model, limit)
+
+
 def check_priority(gateway: Gateway, route: Route, level: int | None) -> None:
     """X-HomeAI-Priority must be one of the class's levels (1 is served first); before, -1 was a 500 and 99
     queued at the lowest level."""

@@ -44,6 +44,9 @@ ASK = "Turn on the kitchen light"
 RESULT = {"speech": {}, "response_type": "action_done", "data": {"success": [
     {"name": "Kitchen Light", "type": "entity", "id": "light.kitchen"}], "failed": []}}
 GREEDY = {"temperature": 0, "num_predict": 96}
+# What HA's Ollama integration sends on every chat: its default num_ctx (8,192, above the 2,048 served; a
+# 400 once) and keep_alive -1 (const.py DEFAULT_NUM_CTX, DEFAULT_KEEP_ALIVE; entity.py).
+HA_OLLAMA = {"options": {**GREEDY, "num_ctx": 8192}, "keep_alive": -1}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def test_ollama_sequence(server: ServerProcess) -> None:
     assert "voice:latest" in {m.model for m in client.list().models}
     assert [p.status for p in client.pull(f"{LLM}:latest", stream=True)][-1] == "success"
     messages: list[Any] = [{"role": "system", "content": HA_PROMPT}, {"role": "user", "content": ASK}]
-    parts = list(client.chat(model="voice", messages=messages, tools=HA_TOOLS, stream=True, options=GREEDY))
+    parts = list(client.chat(model="voice", messages=messages, tools=HA_TOOLS, stream=True, **HA_OLLAMA))
     assert parts[-1].done and parts[-1].done_reason == "stop" and not any(p.done for p in parts[:-1])
     calls = [c for p in parts for c in p.message.tool_calls or []]
     assert calls, "the voice class requires a call while the user spoke last"
@@ -74,7 +77,7 @@ def test_ollama_sequence(server: ServerProcess) -> None:
                      "tool_calls": [{"function": {"name": c.function.name, "arguments": dict(c.function.arguments)}}
                                     for c in calls]})
     messages += [{"role": "tool", "content": json.dumps(RESULT)} for _ in calls]
-    final = list(client.chat(model="voice", messages=messages, tools=HA_TOOLS, stream=True, options=GREEDY))
+    final = list(client.chat(model="voice", messages=messages, tools=HA_TOOLS, stream=True, **HA_OLLAMA))
     assert final[-1].done and not any(p.message.tool_calls for p in final)
     assert "".join(p.message.content for p in final).strip()
 
