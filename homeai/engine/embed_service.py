@@ -151,10 +151,13 @@ class EmbedService:
         self._deliver([(it.payload, vec) for it, vec in zip(items, vectors, strict=True)])
 
     def fail_expired(self) -> None:
-        expired = self.batcher.expire_embeddings()
-        if expired:
-            self._deliver([(it.payload, QueueTimeoutError(f"queue timeout in class {name!r}"))
-                           for name, it in expired])
+        """Inputs past their queue timeout, and those a policy swap retired (their class left the policy or
+        moved to another encoder): each fails with why (HTTP 503)."""
+        failed = [(it.payload, QueueTimeoutError(f"queue timeout in class {name!r}"))
+                  for name, it in self.batcher.expire_embeddings()]
+        failed += [(it.payload, QueueTimeoutError(reason)) for _, it, reason in self.batcher.retired_embeddings()]
+        if failed:
+            self._deliver(failed)
 
     @staticmethod
     def _deliver(results: list[tuple[EmbedInput, Any]]) -> None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from homeai.policy.schema import Policy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem
+from homeai.scheduling.class_scheduler import UnknownClassError
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
@@ -96,14 +97,27 @@ class Batcher:
         self._per_item_s: dict[str, float] = {}  # EWMA of a batch's duration per input, per class
         self._last_interactive_embed_s = float("-inf")
         self._expired: list[tuple[str, QueuedItem]] = []  # timed out while pushing, not yet reported
+        self._retired: list[tuple[str, QueuedItem, str]] = []  # queued when a swap retired their class, and why
         self._shares = ShareLedger(SHARE_BURST_S)  # min_share credit of background classes, in seconds
         self._shares_at_s: float | None = None  # when the credits were last refilled
         self._forced: str | None = None  # the class whose batch is out on its share
         self.apply_policy(policy)
 
     def apply_policy(self, policy: Policy) -> None:
+        """Follow a policy swap. An embedding class it removes (or makes an LLM class) leaves with its queue,
+        and one it moves to another encoder keeps its queue but not what is queued (tokenized for the old
+        one): those inputs fail with the reason (``retired_embeddings``), as a retired LLM class's
+        unstarted requests do, instead of failing as batches of a class the policy no longer has."""
         with self.lock:
             self.policy = policy
+            for name, old in list(self.embed_queues.items()):
+                cp = policy.classes.get(name)
+                if cp is None or cp.kind != "embedding":
+                    why = "was removed by a policy change" if cp is None else "is now an LLM class"
+                    self._retire(name, old, f"class {name!r} {why}")
+                    del self.embed_queues[name]
+                elif cp.model != old.policy.model:
+                    self._retire(name, old, f"class {name!r} now runs on model {cp.model!r}, not {old.policy.model!r}")
             for name, cp in policy.classes.items():
                 if cp.kind != "embedding":
                     continue
@@ -117,12 +131,23 @@ class Batcher:
         if self.llm is not None:
             self.llm.apply_policy(policy)
 
+    def _retire(self, name: str, queue: ClassQueue, reason: str) -> None:
+        for item in list(queue):
+            queue.cancel(item.request_id)
+            self._retired.append((name, item, reason))
+
+    def retired_embeddings(self) -> list[tuple[str, QueuedItem, str]]:
+        """Inputs a policy swap took out of their queue, each once, with the reason (the caller fails them)."""
+        with self.lock:
+            out, self._retired = self._retired, []
+            return out
+
     def push_embedding(self, class_name: str, item: QueuedItem, now: float | None = None) -> None:
         """Queue one embedding input; raises QueueFullError at once when the class queue is full."""
         with self.lock:
             queue = self.embed_queues.get(class_name)
-            if queue is None:
-                raise KeyError(f"{class_name!r} is not an embedding class; known: {sorted(self.embed_queues)}")
+            if queue is None:  # a request routed just before a swap took its class away: a 400 naming it
+                raise UnknownClassError(f"{class_name!r} is not an embedding class; known: {sorted(self.embed_queues)}")
             now = self.clock.now() if now is None else now
             # Timed-out inputs make room first; they are answered by the next expire_embeddings().
             self._expired += [(class_name, it) for it in queue.expire(now)]

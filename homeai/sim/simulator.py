@@ -293,8 +293,10 @@ class Simulator:
         for seq in (s for sched in self.schedulers.values() for s in sched.drain_rejected()):
             self.records[seq.request_id].rejected = "timeout"
             self._done(self.records[seq.request_id])
-        for _name, item in self.batcher.expire_embeddings():
+        gone = [(item, "timeout") for _, item in self.batcher.expire_embeddings()]
+        gone += [(item, "retired") for _, item, _why in self.batcher.retired_embeddings()]
+        for item, why in gone:
             rec = self.records[item.payload[0]]
             if rec.rejected is None:
-                rec.rejected = "timeout"
+                rec.rejected = why
                 self._done(rec)
