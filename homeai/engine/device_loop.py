@@ -143,12 +143,20 @@ class DeviceLoop:
 
     def _loop_failed(self, exc: Exception) -> None:
         """A failure no step or batch claims (planning, the inbox): logged and counted; only when it
-        repeats with no success between are the LLM's requests ended, so none waits on a broken loop."""
+        repeats with no success between are the requests ended (every LLM's and every embedding input,
+        queued or posted), so none waits on a broken loop."""
         self.health.failed("loop", exc)
         log.error("device loop iteration failed (%d in a row)", self.health.consecutive_failures, exc_info=exc)
         if self.health.consecutive_failures >= FAILING_AFTER:
-            for engine in self.llms.values():
-                engine.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+            message = f"engine error: {type(exc).__name__}: {exc}"
+            ends = [engine.fail_all for engine in self.llms.values()]
+            if self.embed is not None:
+                ends.append(self.embed.fail_all)
+            for end in ends:
+                try:
+                    end(message)
+                except Exception:  # noqa: BLE001 - the others must still be answered
+                    log.exception("ending the requests after the loop's failures failed")
 
     def run_once(self) -> bool:
         """Run one piece of work; False when there was nothing ready."""

@@ -159,6 +159,19 @@ class EmbedService:
         if failed:
             self._deliver(failed)
 
+    def fail_all(self, message: str) -> None:
+        """Device thread, the loop's last resort when it keeps failing outside any batch: every posted or
+        queued input fails with ``message`` (HTTP 500), so that no caller waits on a loop that cannot serve."""
+        with self._inbox_lock:
+            posted, self._inbox = self._inbox, []
+        failed = [it.payload for kind, _, items in posted if kind == "push" for it in items]
+        with self.batcher.lock:
+            for queue in self.batcher.embed_queues.values():
+                for item in list(queue):
+                    queue.cancel(item.request_id)
+                    failed.append(item.payload)
+        self._deliver([(inp, EmbedBatchError(message)) for inp in failed if not inp.future.done()])
+
     @staticmethod
     def _deliver(results: list[tuple[EmbedInput, Any]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[EmbedInput, Any]]] = defaultdict(list)

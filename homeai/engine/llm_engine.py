@@ -287,7 +287,10 @@ class LLMEngine:
         return delta
 
     def _fail_all(self, message: str) -> None:
-        deltas = [self._end_with_error(seq, message) for seq in list(self.scheduler.seqs.values())]
+        # Requests the scheduler already rejected (a queue timeout, a retired class) are published by a step,
+        # and none may run: they end now with their own reason.
+        deltas = [self._delta(seq) for seq in self._rejected()]
+        deltas += [self._end_with_error(seq, message) for seq in list(self.scheduler.seqs.values())]
         self.streams.publish(deltas)
 
     def is_idle(self) -> bool:

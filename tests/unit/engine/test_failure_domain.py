@@ -24,6 +24,7 @@ from homeai.engine.embed_service import EmbedBatchError, EmbedInput, EmbedServic
 from homeai.engine.health import FAILING_AFTER
 from homeai.engine.llm_engine import LLMEngine
 from homeai.engine.model_runner import ModelRunner
+from homeai.policy.schema import Policy
 from homeai.runtime.llama import LlamaModel
 from homeai.scheduling.batcher import Batcher
 from homeai.scheduling.class_queue import QueuedItem
@@ -200,6 +201,38 @@ async def test_a_loop_that_keeps_failing_outside_steps_ends_requests_and_is_not_
     assert len(waits) == FAILING_AFTER and rig.loop.health.failing
     deltas = await asyncio.wait_for(task, 1)
     assert deltas[-1].error is not None and "planner bug" in deltas[-1].error
+
+
+async def test_a_loop_that_keeps_failing_answers_embedding_callers_and_rejected_requests_too(
+        tiny_model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its last resort ended the LLMs' running and queued sequences only: an embedding input in a class
+    queue or still posted, and a request the scheduler had rejected (a swap retired its class), waited on."""
+    rig = Rig(tiny_model, asyncio.get_running_loop())
+    chat = asyncio.ensure_future(collect(rig.engine.generate([3, 4, 5], params(), "c", class_name="chat", user="ann")))
+    await asyncio.sleep(0)
+    queued = rig.search("q0")
+    rig.loop.apply_inbox()  # the chat request and the search input are queued
+    posted = rig.search("q1")  # still posted when the loop breaks
+    without_chat = rig.batcher.policy.model_dump()
+    del without_chat["classes"]["chat"]
+    rig.loop.post_policy(Policy.model_validate(without_chat))  # the chat request is rejected: a step publishes it
+
+    def take_next_fails() -> None:
+        raise ValueError("batcher bug")
+
+    monkeypatch.setattr(rig.batcher, "take_next", take_next_fails)
+    waits: list[float] = []
+    monkeypatch.setattr(rig.loop, "_idle_wait", lambda: waits.append(1.0))
+    monkeypatch.setattr(rig.loop._stop, "is_set", lambda: len(waits) >= FAILING_AFTER)
+    rig.loop._run()
+    await asyncio.sleep(0)
+    assert rig.loop.health.failing
+    deltas = await asyncio.wait_for(chat, 1)
+    assert deltas[-1].error == "class 'chat' was removed by a policy change"
+    for item in (queued, posted):
+        assert item.payload.future.done(), item.request_id
+        with pytest.raises(EmbedBatchError, match="engine error: ValueError: batcher bug"):
+            item.payload.future.result()
 
 
 async def test_a_failed_step_that_copied_a_cached_prefix_leaves_the_cache_whole(tiny_model: LlamaModel) -> None:
