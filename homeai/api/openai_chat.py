@@ -12,13 +12,18 @@ from homeai.api.openai_schemas import ChatCompletionRequest, ChatMessage, Comple
 from homeai.api.structured import response_format_constraint
 from homeai.api.tools import assistant_calls_message, earlier_calls, parse_tools, tool_result_message
 from homeai.core.types import SamplingParams
+from homeai.gateway.gateway import Gateway
 
 
 def sampling_params(data: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
     """OpenAI defaults (temperature 1, top_p 1) for whatever the request leaves out; max_tokens is settled
     by admission."""
-    if data.n != 1:
+    if data.n not in (None, 1):
         raise BadRequest("only n=1 is supported", param="n")
+    if data.logit_bias:
+        raise BadRequest("logit_bias is not supported", param="logit_bias")
+    if data.stream_options is not None and not data.stream:  # as OpenAI answers it
+        raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
     stop = [data.stop] if isinstance(data.stop, str) else list(data.stop or [])
     return SamplingParams(
         temperature=1.0 if data.temperature is None else data.temperature,
@@ -52,6 +57,13 @@ def completion_request(data: CompletionRequest) -> LLMRequest:
     else:
         raise BadRequest("prompt must be a string or a list of token ids (one prompt: n=1)", param="prompt")
     return req
+
+
+def echo_text(gateway: Gateway, model: str, req: LLMRequest) -> str:
+    """The prompt as ``echo`` puts it before the answer: the text as sent, or token ids decoded."""
+    if req.text is not None:
+        return req.text
+    return str(gateway.llm(model).tokenizer.decode(req.token_ids or [], skip_special_tokens=False))
 
 
 def content_text(content: Any, field: str) -> str:

@@ -16,7 +16,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from homeai.api.admission import admit
 from homeai.api.embedding_admission import admit_embedding
 from homeai.api.errors import BadRequest, NotFound
-from homeai.api.openai_chat import chat_request, completion_request
+from homeai.api.openai_chat import chat_request, completion_request, echo_text
 from homeai.api.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -67,8 +67,11 @@ class OpenAIController(Controller):
           responses=documented(Completion, "the completion; with stream, SSE chunks and data: [DONE]"))
     async def completions(self, request: Request[Any, Any, Any], data: CompletionRequest,
                           gateway: Injected[Gateway]) -> Response[Any]:
-        admitted = await admit(request, gateway, completion_request(data))
-        echo = data.prompt if data.echo and isinstance(data.prompt, str) else ""
+        req = completion_request(data)
+        if data.echo and data.logprobs is not None:  # OpenAI's answer would score the prompt's tokens too
+            raise BadRequest("echo with logprobs is not supported: the prompt's tokens are not scored", param="echo")
+        admitted = await admit(request, gateway, req)
+        echo = echo_text(gateway, admitted.generation.route.model, req) if data.echo else ""
         if data.stream:
             include = bool(data.stream_options and data.stream_options.include_usage)
             return sse_stream(stream_chunks(admitted, TEXT_COMPLETION, include, prefix=echo))

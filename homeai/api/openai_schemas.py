@@ -19,7 +19,7 @@ TopK = Annotated[int, Meta(ge=0, le=1_000_000)]
 MaxTokens = Annotated[int, Meta(ge=1, le=1_000_000)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
+RepetitionPenalty = Annotated[float, Meta(ge=0.01, le=10.0)]  # logits are divided by it: 1e-300 overflowed
 N = Annotated[int, Meta(ge=1, le=128)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 Stop = str | Annotated[list[str], Meta(max_length=16)]
@@ -93,14 +93,14 @@ class _Sampling(Struct, kw_only=True):
     """Fields shared by chat and text completions."""
 
     model: str
-    stream: bool = False
+    stream: bool | None = None  # OpenAI: boolean or null (false)
     stream_options: StreamOptions | None = None
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     seed: Seed | None = None
     stop: Stop | None = None
-    n: N = 1
+    n: N | None = None  # OpenAI: integer or null (1)
     user: str | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
@@ -108,6 +108,7 @@ class _Sampling(Struct, kw_only=True):
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None  # only empty: a bias is refused, never dropped silently
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
@@ -248,7 +249,7 @@ class ResponsesRequest(Struct, kw_only=True):
     model: str
     input: str | Annotated[list[dict[str, Any]], Meta(min_length=1)]
     instructions: str | None = None
-    stream: bool = False
+    stream: bool | None = None  # OpenAI: boolean or null (false)
     max_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None

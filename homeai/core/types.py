@@ -25,6 +25,10 @@ class ConstraintKind(enum.StrEnum):
     STRUCTURAL_TAG = "structural_tag"  # xgrammar's structural tag (JSON text): tool calls among text
 
 
+# A temperature below this samples greedily, as vLLM's _SAMPLING_EPS: dividing float32 logits by 1e-300 made
+# every logit infinite (NaN after the softmax) and the answer end-of-text tokens.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
 @dataclass(frozen=True, slots=True)
 class Constraint:
     """A grammar the output must follow. Hashable, so compiled grammars are cached per constraint."""
@@ -54,7 +58,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 @dataclass(slots=True)

@@ -44,6 +44,31 @@ def test_malformed_json_and_wrong_types_name_the_problem(http: httpx.Client) -> 
     assert ollama.status_code == 400 and "model" in ollama.json()["error"]  # Ollama's {"error": "..."}
 
 
+def test_what_openai_allows_is_served_and_what_we_cannot_honour_is_refused(http: httpx.Client) -> None:
+    """``null`` where OpenAI's spec says "or null" is its default (it was a 400); a temperature of 1e-300 is
+    greedy (dividing the logits by it made every token end-of-text); a logit bias, ``stream_options``
+    without ``stream`` and ``echo`` with ``logprobs`` are 400s naming the field (the bias was dropped
+    silently); ``echo`` of a token-id prompt puts the prompt's text first (it was left out)."""
+    ask = {"model": LLM, "messages": QUESTION, "max_tokens": 4, "temperature": 0}
+    greedy = http.post("/v1/chat/completions", json=ask).json()["choices"][0]["message"]["content"]
+    for extra in ({"n": None, "stream": None}, {"temperature": 1e-300}):
+        r = http.post("/v1/chat/completions", json={**ask, **extra})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == greedy
+    r = http.post("/v1/responses", json={"model": LLM, "input": "hi", "max_output_tokens": 2, "stream": None})
+    assert r.status_code == 200, r.text
+    for extra, param in (({"logit_bias": {"19556": -100}}, "logit_bias"),
+                         ({"stream_options": {"include_usage": True}}, "stream_options")):
+        assert openai_error(http.post("/v1/chat/completions", json={**ask, **extra}), 400)["param"] == param
+    assert http.post("/v1/chat/completions", json={**ask, "logit_bias": {}}).status_code == 200
+    text = {"model": LLM, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    plain = http.post("/v1/completions", json=text).json()["choices"][0]["text"]
+    ids = http.post("/v1/completions", json={**text, "prompt": [19556], "echo": True}).json()["choices"][0]["text"]
+    assert ids == "Hello" + plain, ids  # token 19556 is "Hello"
+    scored = http.post("/v1/completions", json={**text, "echo": True, "logprobs": 1})
+    assert openai_error(scored, 400)["param"] == "echo"
+
+
 def test_prompt_longer_than_the_context(http: httpx.Client) -> None:
     long = [{"role": "user", "content": "hello " * 2100}]
     error = openai_error(http.post("/v1/chat/completions", json={"model": LLM, "messages": long}), 400)
