@@ -38,6 +38,7 @@ class Generation:
         self.route, self.prompt_ids, self.params, self.ctx, self.kind = route, prompt_ids, params, ctx, kind
         self.request_id = uuid.uuid4().hex
         self.num_output_tokens = 0
+        self.output_ids: list[int] = []  # the answer's token ids (Ollama's /api/generate ``context``)
         self.num_cached_tokens = 0  # prompt tokens the prefix cache held (OpenAI usage's cached_tokens)
         self.logprobs: list[TokenLogprob] = []  # every token's, when the params ask for them
         self._first: TokenDelta | None = None
@@ -98,6 +99,7 @@ class Generation:
 
     def _count(self, delta: TokenDelta) -> None:
         self.num_output_tokens += len(delta.token_ids)
+        self.output_ids += delta.token_ids
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.logprobs += delta.logprobs
 

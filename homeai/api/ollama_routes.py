@@ -140,10 +140,18 @@ async def reply(request: Request[Any, Any, Any], gateway: Gateway, req: LLMReque
             return {**body, "message": message}
         return {**body, "response": text}
 
+    def final(reason: FinishReason | None) -> dict[str, Any]:
+        """The last line's counts; /api/generate's (not raw) also its ``context``: the conversation's token ids,
+        which the client sends back as ``context`` to go on from there, as Ollama's clients do."""
+        body = timing.final(gen, reason)
+        if not chat and req.text is None:
+            body["context"] = [*gen.prompt_ids, *gen.output_ids]
+        return body
+
     if not stream:
         text, reason = await gen.collect()
         content, calls = parse_all(text) if admitted.reads_calls else (text, [])
-        return Response({**line(content, calls), **timing.final(gen, reason)})
+        return Response({**line(content, calls), **final(reason)})
 
     async def lines() -> AsyncGenerator[bytes, None]:
         async with aclosing(AnswerReader(gen, admitted.reads_calls).steps()) as steps:
@@ -157,7 +165,7 @@ async def reply(request: Request[Any, Any, Any], gateway: Gateway, req: LLMReque
                     elif e.done and e.call is not None:  # Ollama sends a call once it is whole
                         yield ndjson_line({**line("", [e.call]), "done": False})
                 if step.finished:
-                    yield ndjson_line({**line(""), **timing.final(gen, step.finish_reason)})
+                    yield ndjson_line({**line(""), **final(step.finish_reason)})
 
     return ndjson_stream(lines())
 

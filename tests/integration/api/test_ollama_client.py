@@ -69,9 +69,14 @@ def test_chat_with_tools_answers_in_plain_text(client: Client) -> None:
 def test_generate(client: Client) -> None:
     whole = client.generate(model=LLM, prompt=QUESTION[0]["content"], options=GREEDY)
     assert "Paris" in whole.response and whole.done
-    raw = "".join(p.response for p in client.generate(model=LLM, prompt="The capital of France is", raw=True,
-                                                       options=GREEDY, stream=True))
-    assert raw.strip()
+    # The conversation's token ids, which a client sends back to go on (it was never returned)
+    assert whole.context and len(whole.context) == whole.prompt_eval_count + whole.eval_count
+    parts = list(client.generate(model=LLM, prompt="And of Italy?", context=whole.context, options=GREEDY,
+                                 stream=True))
+    assert parts[-1].context and parts[-1].context[:len(whole.context)] == whole.context
+    assert parts[-1].prompt_eval_count > len(whole.context)
+    raw = list(client.generate(model=LLM, prompt="The capital of France is", raw=True, options=GREEDY, stream=True))
+    assert "".join(p.response for p in raw).strip() and raw[-1].context is None  # as Ollama: none when raw
     assert client.generate(model=LLM).done_reason == "load"  # no prompt: "load the model"
 
 
