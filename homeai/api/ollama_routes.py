@@ -201,6 +201,10 @@ class OllamaController(Controller):
     @post("/generate", status_code=200, summary="Completion of a prompt (NDJSON lines unless stream is false)")
     async def generate(self, request: Request[Any, Any, Any], data: GenerateRequest,
                        gateway: Injected[Gateway]) -> Response[Any]:
+        if data.suffix:  # as Ollama answers for a model without fill-in-the-middle
+            raise BadRequest(f"suffix: {data.model} does not support insert", param="suffix")
+        if data.template:  # the model's own chat template is the only one served; never dropped silently
+            raise BadRequest("template: only the model's own template is served", param="template")
         if not data.prompt and not data.context:
             return Response(await load_or_unload(request, gateway, data, chat=False))
         return await reply(request, gateway, generate_request(data), data.stream)
@@ -209,9 +213,10 @@ class OllamaController(Controller):
     async def embed(self, request: Request[Any, Any, Any], data: EmbedRequest,
                     gateway: Injected[Gateway]) -> dict[str, Any]:
         started_ns = time.monotonic_ns()
-        inputs = [data.input] if isinstance(data.input, str) else list(data.input)
-        if not inputs:
-            raise BadRequest("input is empty", param="input")
+        inputs = ([data.input] if data.input else []) if isinstance(data.input, str) else list(data.input)
+        if not inputs:  # as Ollama: no vectors, once the model is known
+            route_request(gateway, data.model, await request_context(request), "embedding")
+            return {"model": data.model, "embeddings": []}
         # Ollama's truncate: the default (true) cuts a long input, false refuses it
         _, result = await admit_embedding(request, gateway, data.model, inputs, cut_long=data.truncate,
                                           dimensions=data.dimensions,

@@ -113,12 +113,15 @@ def embedding_inputs(raw: Any) -> list[str] | list[list[int]]:
         return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
     if isinstance(raw, str):
-        return [raw]
+        raw = [raw]
     if not raw:
         raise BadRequest("input is empty", param="input")
     if len(raw) > MAX_EMBEDDING_INPUTS:
         raise BadRequest(f"at most {MAX_EMBEDDING_INPUTS} inputs per request", param="input")
     if all(isinstance(x, str) for x in raw):
+        empty = next((i for i, x in enumerate(raw) if not x), None)
+        if empty is not None:  # OpenAI refuses it too: an empty text has no meaning to embed
+            raise BadRequest("an input is an empty string", param="input" if len(raw) == 1 else f"input[{empty}]")
         return list(raw)
     if is_ids(raw):
         return [list(raw)]

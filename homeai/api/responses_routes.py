@@ -57,6 +57,9 @@ def input_messages(data: ResponsesRequest) -> list[dict[str, str]]:
     calls: list[tuple[str, Any]] = []
     for i, item in enumerate(data.input):
         kind = item.get("type", "message")
+        if kind == "item_reference":  # like previous_response_id: it names an item stored by the server
+            raise BadRequest(f"input item {item.get('id')!r} not found: this server stores no responses; send the "
+                             "item itself", param=f"input[{i}]")
         if kind == "function_call":
             if not isinstance(item.get("name"), str):
                 raise BadRequest("a function_call needs a name", param=f"input[{i}].name")

@@ -17,6 +17,7 @@ from litestar import Request
 
 from homeai.api.auth import ANONYMOUS, resolve_caller
 from homeai.api.errors import BadRequest, to_api_error
+from homeai.engine.errors import RequestError
 from homeai.gateway.gateway import Gateway, Route
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,10 @@ def route_request(gateway: Gateway, model: str | None, ctx: RequestContext, kind
         raise BadRequest(f"model {model!r} is an LLM, not an embedding model", param="model")
     if model in gateway.embedders and kind != "embedding":
         raise BadRequest(f"model {model!r} is an embedding model, not an LLM", param="model")
-    route = gateway.route(model, ctx.class_name, kind, ctx.user)
+    try:
+        route = gateway.route(model, ctx.class_name, kind, ctx.user)
+    except RequestError as exc:  # the class: the header's (or the key's) when one was given, else the model's
+        raise BadRequest(str(exc), param=HEADER_CLASS.lower() if ctx.class_name else "model") from None
     check_priority(gateway, route, ctx.priority_level)
     return route
 

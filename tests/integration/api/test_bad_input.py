@@ -69,6 +69,26 @@ def test_what_openai_allows_is_served_and_what_we_cannot_honour_is_refused(http:
     assert openai_error(scored, 400)["param"] == "echo"
 
 
+def test_what_no_answer_could_honour_is_refused_naming_it(http: httpx.Client) -> None:
+    """Each was served or dropped silently before: an empty text embedded (OpenAI refuses it; Ollama's
+    /api/embed answers no vectors), a stored-item reference dropped from a Responses input, Ollama's
+    ``suffix`` and ``template`` ignored; a header's class of the other kind named no field."""
+    for body, param in (({"input": ""}, "input"), ({"input": ["a", ""]}, "input[1]")):
+        error = openai_error(http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", **body}), 400)
+        assert error["param"] == param and "empty" in error["message"]
+    for empty in ("", []):
+        r = http.post("/api/embed", json={"model": "all-minilm-l6-v2", "input": empty})
+        assert r.status_code == 200 and r.json()["embeddings"] == [], r.text
+    ref = {"model": LLM, "input": [{"type": "item_reference", "id": "msg_1"}, {"role": "user", "content": "hi"}]}
+    assert openai_error(http.post("/v1/responses", json=ref), 400)["param"] == "input[0]"
+    for field in ("suffix", "template"):
+        r = http.post("/api/generate", json={"model": LLM, "prompt": "def f(", field: "x", "stream": False})
+        assert r.status_code == 400 and field in r.json()["error"], r.text
+    error = openai_error(http.post("/v1/chat/completions", json={"model": LLM, "messages": QUESTION},
+                                   headers={"X-HomeAI-Class": "embedding"}), 400)
+    assert error["param"] == "x-homeai-class" and "serves embedding" in error["message"]
+
+
 def test_prompt_longer_than_the_context(http: httpx.Client) -> None:
     long = [{"role": "user", "content": "hello " * 2100}]
     error = openai_error(http.post("/v1/chat/completions", json={"model": LLM, "messages": long}), 400)
