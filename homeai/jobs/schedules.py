@@ -15,6 +15,8 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron's numbering: 0 (and 7) is Sunday
+_WEEKDAY_ITEM = re.compile(r"(\*|[0-7]|[a-z]{3})(?:-([0-7]|[a-z]{3}))?(?:/(\d+))?")
 _INTERVAL = re.compile(r"^(?:every\s+)?(\d+(?:\.\d+)?)\s*(s|m|h|d)$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MIN_INTERVAL_S = 1.0
@@ -33,6 +35,41 @@ def parse_schedule(text: str) -> BaseTrigger:
         raise ValueError(f"out of range: {e}") from None
 
 
+def cron_weekdays(field: str) -> str:
+    """Cron's weekday field (numbers with 0 or 7 for Sunday, or names; lists, ranges, steps) as the day names
+    APScheduler takes: its CronTrigger counts from 0 = Monday, so "1-5" given as is ran Tuesday to Saturday.
+    Anything else ("mon#1", "L", "mon-fri-sat") is refused, never read as part of it."""
+    if field == "*":
+        return field
+    days: set[int] = set()
+    for item in field.lower().split(","):
+        match = _WEEKDAY_ITEM.fullmatch(item)
+        if match is None:
+            raise ValueError(f"weekday {item!r}: expected 0-7 or sun..sat, a range a-b, a step /n, or a list")
+        first, last, step = match.groups()
+        if first == "*":
+            if last is not None:
+                raise ValueError(f"weekday {item!r}: a range cannot start with *")
+            lo, hi = 0, 6
+        else:
+            lo = _day(first)
+            hi = _day(last, end=True) if last is not None else (6 if step else lo)
+        if hi < lo or (step is not None and int(step) < 1):
+            raise ValueError(f"weekday {item!r}: an empty range")
+        days |= {d % 7 for d in range(lo, hi + 1, int(step or 1))}
+    return ",".join(_DAYS[d] for d in sorted(days))
+
+
+def _day(token: str, end: bool = False) -> int:
+    """A weekday as cron numbers it; Sunday ends a range as 7 ("fri-sun" is Friday to Sunday)."""
+    if token.isdigit():
+        return int(token)
+    if token not in _DAYS:
+        raise ValueError(f"weekday {token!r}: expected 0-7 or sun..sat")
+    number = _DAYS.index(token)
+    return 7 if end and number == 0 else number
+
+
 def _parse(value: str) -> BaseTrigger:
     match = _INTERVAL.match(value)
     if match:
@@ -48,9 +85,11 @@ def _parse(value: str) -> BaseTrigger:
         if trigger.run_date < datetime.now(UTC):
             raise ValueError(f"{value} is in the past")
         return trigger
-    if len(value.split()) == 5:
+    fields = value.split()
+    if len(fields) == 5:
         try:
-            return CronTrigger.from_crontab(value)
+            fields[4] = cron_weekdays(fields[4])
+            return CronTrigger.from_crontab(" ".join(fields))
         except ValueError as e:
             raise ValueError(f"not a valid cron expression: {e}") from e
     raise ValueError("expected a cron expression ('0 7 * * *'), an interval ('every 15m') or an ISO time")

@@ -1,6 +1,10 @@
-"""Schedules: cron, intervals, one time; anything else is a ValueError that says what is expected."""
+"""Schedules: cron, intervals, one time; anything else is a ValueError that says what is expected. Cron's
+weekdays count from Sunday = 0 (or 7): APScheduler's count from Monday = 0, so "0 7 * * 1-5" ran Tuesday to
+Saturday and "* * * * 0" on Mondays until the field was translated."""
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta
 
 import pytest
 from apscheduler.triggers.cron import CronTrigger
@@ -25,3 +29,30 @@ def test_forms() -> None:
 def test_bad_schedules(text: str) -> None:
     with pytest.raises(ValueError):
         parse_schedule(text)
+
+
+WEEK = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+
+
+def fire_days(text: str) -> list[str]:
+    """The weekdays the schedule fires on, over two weeks from a Saturday (local time)."""
+    trigger, t = parse_schedule(text), datetime(2026, 12, 5, 12).astimezone()
+    days = []
+    for _ in range(14):
+        t = trigger.get_next_fire_time(None, t + timedelta(seconds=1))
+        days.append(t.strftime("%a"))
+    return sorted(set(days), key=WEEK.index)
+
+
+@pytest.mark.parametrize(("weekday", "days"), [
+    ("1-5", ["Mon", "Tue", "Wed", "Thu", "Fri"]), ("mon-fri", ["Mon", "Tue", "Wed", "Thu", "Fri"]),
+    ("0", ["Sun"]), ("7", ["Sun"]), ("6", ["Sat"]), ("0,6", ["Sat", "Sun"]), ("5-7", ["Fri", "Sat", "Sun"]),
+    ("fri-sun", ["Fri", "Sat", "Sun"]), ("*/2", ["Tue", "Thu", "Sat", "Sun"]), ("1", ["Mon"])])
+def test_cron_weekdays_count_from_sunday(weekday: str, days: list[str]) -> None:
+    assert fire_days(f"0 7 * * {weekday}") == days
+
+
+@pytest.mark.parametrize("weekday", ["mon#1", "L", "mon-fri-sat", "6-1", "8", "1/0"])
+def test_weekday_forms_cron_does_not_have_are_refused_not_read_in_part(weekday: str) -> None:
+    with pytest.raises(ValueError, match="weekday"):
+        parse_schedule(f"0 7 * * {weekday}")
