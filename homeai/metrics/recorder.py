@@ -26,6 +26,12 @@ from homeai.metrics.windows import LatencyWindow, RateWindow
 Clock = Callable[[], float]
 STATUSES = ("ok", "error", "aborted", "rejected", "timeout")
 _STALE_S = 3600.0  # a request never finished after an hour is dropped (a caller bug, not a hang to keep)
+# Users get a Prometheus label (and a token-rate window) of their own up to this many, each name cut to
+# USER_LABEL_CHARS; later ones share OTHER_USERS. Without keys a user is whatever X-HomeAI-User or the body's
+# ``user`` says: a client naming a new one on every request grew /metrics and memory without bound.
+MAX_USER_LABELS = 128
+USER_LABEL_CHARS = 64
+OTHER_USERS = "(other)"
 
 
 @dataclass(slots=True)
@@ -86,6 +92,7 @@ class MetricsRecorder:
         self._itl: dict[str, LatencyWindow] = {}
         self._user_gen: dict[str, RateWindow] = {}
         self._user_prompt: dict[str, RateWindow] = {}
+        self._user_labels: set[str] = set()
         self._requests: dict[str, dict[str, int]] = {}    # class -> status -> count
         self._rejections: dict[str, dict[str, int]] = {}  # class -> reason -> count
         self._steps: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, steps) at recent reads
@@ -97,14 +104,25 @@ class MetricsRecorder:
                         num_prompt_tokens: int) -> None:
         now = self.clock()
         series = self.series
+        label = self._user_label(user)  # the request log keeps the user as given
         self._live[request_id] = _Live(
             kind, class_name, user, model, num_prompt_tokens, now,
-            series.child(series.itl, class_name), series.child(series.generation_tokens, user, class_name),
-            self._window(self._itl, class_name, self._new_latency), self._window(self._user_gen, user, RateWindow))
+            series.child(series.itl, class_name), series.child(series.generation_tokens, label, class_name),
+            self._window(self._itl, class_name, self._new_latency), self._window(self._user_gen, label, RateWindow))
         series.child(series.started, class_name).inc()
         if num_prompt_tokens > 0:
-            self.series.child(self.series.prompt_tokens, user, class_name).inc(num_prompt_tokens)
-            self._window(self._user_prompt, user, RateWindow).add(now, num_prompt_tokens)
+            self.series.child(self.series.prompt_tokens, label, class_name).inc(num_prompt_tokens)
+            self._window(self._user_prompt, label, RateWindow).add(now, num_prompt_tokens)
+
+    def _user_label(self, user: str) -> str:
+        """The name ``user`` is counted under in the metrics and the per-user rates (see MAX_USER_LABELS)."""
+        label = user[:USER_LABEL_CHARS]
+        if label in self._user_labels:
+            return label
+        if len(self._user_labels) >= MAX_USER_LABELS:
+            return OTHER_USERS
+        self._user_labels.add(label)
+        return label
 
     def scheduled(self, request_id: str) -> None:
         """Optional: the request left its class queue (observes homeai_queue_seconds)."""

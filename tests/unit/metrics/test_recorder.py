@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homeai.metrics.recorder import MetricsRecorder
+from homeai.metrics.recorder import MAX_USER_LABELS, OTHER_USERS, USER_LABEL_CHARS, MetricsRecorder
 from homeai.metrics.stats import build_stats
 from homeai.metrics.windows import LatencyWindow, RateWindow
 from homeai.policy.loader import load_policy
@@ -232,3 +232,19 @@ def test_build_stats_joins_snapshot_and_policy(rec: MetricsRecorder, clock: Virt
     snapshot["device"]["m"]["steps"] = 30
     assert build_stats(rec, snapshot, policy)["device"]["m"]["steps_per_s"] == pytest.approx(10.0)
     assert stats["recent"][0]["class_name"] == "voice"
+
+
+def test_user_labels_are_bounded_and_the_log_keeps_the_user(rec: MetricsRecorder, clock: VirtualClock) -> None:
+    """Without keys a user is whatever a header or body says: one new name per request grew a Prometheus
+    series pair and two rate windows each, for good. Past MAX_USER_LABELS they share one label, each cut
+    to USER_LABEL_CHARS; the finished request (the request log) still names the user as given."""
+    long = "x" * 2000
+    for i in range(MAX_USER_LABELS + 40):
+        run_request(rec, clock, f"r{i}", ttft_s=0.01, gaps_s=[0.01], user=f"u{i}-{long}")
+    users = rec.user_rates()
+    assert len(users) == MAX_USER_LABELS + 1 and OTHER_USERS in users
+    assert max(len(u) for u in users) == USER_LABEL_CHARS
+    assert users[OTHER_USERS]["generated_tokens"] == 2 * 40
+    text = rec.prometheus_text().decode()
+    assert text.count("homeai_generation_tokens_total{") == MAX_USER_LABELS + 1
+    assert rec.recent[-1].user == f"u{MAX_USER_LABELS + 39}-{long}"
