@@ -60,6 +60,7 @@ class JobManager:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._progress: dict[int, Progress] = {}
         self._stop: set[int] = set()
+        self._relaunch: set[int] = set()  # resumed while its run was still stopping: run again once it ends
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,6 +133,9 @@ class JobManager:
         await self.store.jobs.set_state(job_id, "queued", only_from=["paused"])
         if job.schedule:
             await self._aps(self.scheduler.resume_job, job_id)
+        if job_id in self._tasks:  # its run has not ended yet (it was stopping): it goes on after that
+            self._relaunch.add(job_id)
+            return True
         runs = await self.store.jobs.runs(job_id, limit=1)
         if not job.schedule or (runs and runs[0].state in ("paused", "interrupted")):
             self.launch(job_id)
@@ -139,6 +143,7 @@ class JobManager:
 
     async def delete(self, job_id: int) -> bool:
         self._stop.add(job_id)
+        self._relaunch.discard(job_id)
         task = self._tasks.get(job_id)
         if task is not None:
             task.cancel()
@@ -170,20 +175,26 @@ class JobManager:
         return when.isoformat() if when is not None else None
 
     # ---- runs ------------------------------------------------------------------------------------
-    def launch(self, job_id: int) -> bool:
-        """Start a run now unless one is in progress."""
+    def launch(self, job_id: int, only_queued: bool = False) -> bool:
+        """Start a run now unless one is in progress (``only_queued``: only if the job is still queued)."""
         if job_id in self._tasks:
             log.info("job %d is already running", job_id)
             return False
-        task = asyncio.get_running_loop().create_task(self._run(job_id), name=f"job-{job_id}")
+        task = asyncio.get_running_loop().create_task(self._run(job_id, only_queued), name=f"job-{job_id}")
         self._tasks[job_id] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
+        task.add_done_callback(lambda _t: self._ended(job_id))
         return True
 
-    async def _run(self, job_id: int) -> None:
+    def _ended(self, job_id: int) -> None:
+        self._tasks.pop(job_id, None)
+        if job_id in self._relaunch:
+            self._relaunch.discard(job_id)
+            self.launch(job_id, only_queued=True)
+
+    async def _run(self, job_id: int, only_queued: bool = False) -> None:
         jobs = self.store.jobs
         job = await jobs.get(job_id)
-        if job is None or job.state == "paused":
+        if job is None or job.state == "paused" or (only_queued and job.state != "queued"):
             return
         gateway = await self._wait_gateway()
         if not await jobs.set_state(job_id, "running", only_from=["queued", "running", "done", "failed"],
@@ -199,11 +210,31 @@ class JobManager:
             log.exception("job %d (%s) failed", job_id, job.kind)
             message = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
             await jobs.finish_run(run_id, "failed", progress.run_chunks, error=message)
-            await jobs.set_state(job_id, "failed", only_from=["running"], finished_at=utcnow(), error=message)
+            await self._settle(job, "failed", error=message)
             return
         state = "paused" if stopped else "done"
         await jobs.finish_run(run_id, state, progress.run_chunks, output=output)
-        await jobs.set_state(job_id, state, only_from=["running"], finished_at=utcnow())
+        await self._settle(job, state)
+
+    async def _settle(self, job: JobInfo, state: str, error: str | None = None) -> None:
+        """The job's state once its run has ended ``state``, after what was done to the job meanwhile. A run
+        paused and then resumed while it stopped goes on (after this task: ``_relaunch``); a run that
+        finished although it was paused (a prompt cannot stop midway) leaves a one-off done (resuming it would
+        run it again) and a schedule paused."""
+        jobs = self.store.jobs
+        now = await jobs.get(job.id)
+        if now is None:
+            return
+        if state == "paused":
+            if now.state == "queued":
+                self._relaunch.add(job.id)
+            else:
+                await jobs.set_state(job.id, "paused", only_from=["running", "paused"], finished_at=utcnow())
+            return
+        if now.state == "paused" and job.schedule:
+            return
+        await jobs.set_state(job.id, state, only_from=["running", "queued", "paused"], finished_at=utcnow(),
+                             error=error)
 
     async def _execute(self, job: JobInfo, gateway: Any, progress: Progress) -> tuple[str, bool]:
         """Run one job of any kind; returns (output, stopped early)."""

@@ -4,13 +4,18 @@ restart; a job a dead process left "running" runs again at start; pause holds a 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
+from indexing_helpers import FakeEmbedder
 from sqlalchemy import text
 from store_helpers import open_store
-from waiting import DEFAULT_TIMEOUT_S
+from waiting import DEFAULT_TIMEOUT_S, await_until
 
+import homeai.jobs.manager as manager_module
+from homeai.core.types import FinishReason, TokenDelta
+from homeai.gateway.gateway import Route
 from homeai.jobs.manager import JobManager, aps_id
 from homeai.store.db import Store
 
@@ -105,3 +110,95 @@ async def test_a_schedule_changes_while_another_coroutine_holds_a_write(tmp_path
     finally:
         await manager.shutdown()
         await store.close()
+
+
+class HeldPromptGateway:
+    """A gateway whose answers wait for ``release``; ``calls`` counts the prompts asked."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.calls = 0
+
+    def route(self, model: str | None, class_name: str | None, kind: str, user: str) -> Route:
+        return Route("m", "chat")
+
+    async def ensure_llm(self, model: str, timeout_s: float | None = None, class_name: str = "") -> None:
+        return None
+
+    def chat_prompt(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+        return [1, 2, 3]
+
+    async def generate(self, route: Route, ids: list[int], params: Any, user: str, request_id: str,
+                       kind: str = "chat") -> AsyncGenerator[TokenDelta, None]:
+        self.calls += 1
+        await self.release.wait()
+        yield TokenDelta(request_id, f"answer {self.calls}", [5], 3, 1, finish_reason=FinishReason.STOP)
+
+
+async def test_a_prompt_paused_while_it_runs_ends_done_and_never_runs_twice(store: Store) -> None:
+    """A prompt cannot stop midway: its run finished, and the job stayed "paused" (its last write wanted
+    "running"), so a resume ran the prompt a second time."""
+    gateway = HeldPromptGateway()
+    manager = JobManager(store, lambda: gateway)
+    await manager.start()
+    try:
+        job = await manager.add("prompt", {"prompt": "hi"}, None, "test")
+        await await_until(lambda: gateway.calls == 1)
+        assert await manager.pause(job.id)
+        gateway.release.set()
+        await wait_run(job.id)
+        found = await store.jobs.get(job.id)
+        assert found is not None and found.state == "done"
+        assert not await manager.resume(job.id)
+    finally:
+        await manager.shutdown()
+    assert gateway.calls == 1 and [r.output for r in await store.jobs.runs(job.id)] == ["answer 1"]
+
+
+async def test_an_index_run_resumed_while_it_stops_goes_on_to_the_end(store: Store, tmp_path: Path,
+                                                                        monkeypatch: Any) -> None:
+    """Paused, then resumed before its run had wound down: the resume could not start a run (one was still
+    there), and the stopping run's last write found the job "queued", not "running": the job sat queued with
+    nothing running, 2 of 10 files indexed, until the next start."""
+    gate = asyncio.Event()
+
+    class HeldEmbedder(FakeEmbedder):
+        async def embed(self, texts: list[str]) -> Any:
+            await gate.wait()
+            return await super().embed(texts)
+
+    monkeypatch.setattr(manager_module, "GatewayTextEmbedder", lambda gateway: HeldEmbedder())
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(10):
+        (folder / f"f{i}.txt").write_text(" ".join(f"word{i}_{j}" for j in range(40)))
+    manager = JobManager(store, lambda: object(), batch_chunks=1)
+    await manager.start()
+    finish_run = store.jobs.finish_run
+    winding_down = asyncio.Event()
+
+    async def finish_later(*args: Any, **kwargs: Any) -> Any:
+        winding_down.set()  # the run has seen the stop; it writes its end after the resume
+        await asyncio.sleep(0.1)
+        return await finish_run(*args, **kwargs)
+
+    try:
+        job = await manager.add("index", {"path": str(folder), "collection": "c"}, None, "test")
+        await await_until(lambda: manager._progress.get(job.id) is not None)
+        assert await manager.pause(job.id)
+        monkeypatch.setattr(store.jobs, "finish_run", finish_later)
+        gate.set()
+        await winding_down.wait()
+        assert await manager.resume(job.id) and job.id in manager._tasks
+        monkeypatch.setattr(store.jobs, "finish_run", finish_run)
+
+        async def done() -> bool:
+            found = await store.jobs.get(job.id)
+            return found is not None and found.state == "done" and job.id not in manager._tasks
+
+        await await_until(done)
+    finally:
+        await manager.shutdown()
+    cid = await store.collections.find("c")
+    assert cid is not None and len(await store.collections.documents(cid)) == 10
+    assert [r.state for r in await store.jobs.runs(job.id)] == ["done", "paused"]
