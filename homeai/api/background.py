@@ -38,7 +38,8 @@ async def background_lifespan(app: Litestar) -> AsyncIterator[None]:
     recorder = services.metrics  # the gateway meters every request into it
     recorder.listeners.append(writer.submit)  # one row per metered request, jobs' included
     manager = JobManager(store, lambda: services.gateway,
-                         batch_chunks=int(os.environ.get(BATCH_CHUNKS_ENV, "32")))
+                         batch_chunks=int(os.environ.get(BATCH_CHUNKS_ENV, "32")),
+                         job_roots=services.settings.job_roots)
     await manager.start()
     services.jobs = manager
     services.search = SearchIndex(store.collections)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from apscheduler.jobstores.base import JobLookupError
@@ -50,10 +51,11 @@ def job_store(sync_url: str) -> SQLAlchemyJobStore:
 
 class JobManager:
     def __init__(self, store: Any, gateway: Callable[[], Any], misfire_grace_s: int = 3600,
-                 batch_chunks: int = 32) -> None:
+                 batch_chunks: int = 32, job_roots: tuple[Path, ...] | None = None) -> None:
         self.store = store
         self._gateway = gateway
         self.batch_chunks = batch_chunks
+        self.job_roots = job_roots  # the folders index jobs may read, checked at every run (None: any)
         self.scheduler = AsyncIOScheduler(
             jobstores={"default": job_store(store.sync_url)},
             job_defaults={"coalesce": True, "misfire_grace_time": misfire_grace_s, "max_instances": 1})
@@ -241,7 +243,11 @@ class JobManager:
         if job.kind == "index":
             spec = IndexSpec(**{k: job.spec[k] for k in ("path", "collection", "chunk_tokens", "overlap_tokens")
                                 if k in job.spec})
-            spec.folder()  # a missing folder fails the run before the embedding model is looked up
+            folder = spec.folder()  # a missing folder fails the run before the embedding model is looked up
+            if self.job_roots is not None and not any(folder.is_relative_to(r) for r in self.job_roots):
+                # checked when the job was made, and again now: the folder may have become a link elsewhere
+                raise ValueError(f"folder {str(folder)!r} is outside the folders index jobs may read "
+                                 f"({', '.join(map(str, self.job_roots)) or 'none'})")
             embedder = await asyncio.to_thread(GatewayTextEmbedder, gateway)
             indexer = Indexer(self.store.collections, self.store.jobs, embedder, job.id, progress,
                               batch_chunks=self.batch_chunks)

@@ -202,3 +202,26 @@ async def test_an_index_run_resumed_while_it_stops_goes_on_to_the_end(store: Sto
     cid = await store.collections.find("c")
     assert cid is not None and len(await store.collections.documents(cid)) == 10
     assert [r.state for r in await store.jobs.runs(job.id)] == ["done", "paused"]
+
+
+async def test_an_index_run_reads_only_inside_the_job_roots_at_every_run(store: Store, tmp_path: Path,
+                                                                           monkeypatch: Any) -> None:
+    """The folder was checked against the roots only when the job was made: replaced by a link to a folder
+    outside them afterwards, the next run indexed that one."""
+    monkeypatch.setattr(manager_module, "GatewayTextEmbedder", lambda gateway: FakeEmbedder())
+    root, outside = tmp_path / "home", tmp_path / "secret"
+    (root / "docs").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "s.txt").write_text("a secret")
+    (root / "docs").rmdir()
+    (root / "docs").symlink_to(outside)  # after the job was accepted for root/docs
+    manager = JobManager(store, lambda: object(), job_roots=(root,))
+    await manager.start()
+    try:
+        job = await manager.add("index", {"path": str(root / "docs"), "collection": "c"}, None, "test")
+        await wait_run(job.id)
+    finally:
+        await manager.shutdown()
+    found = await store.jobs.get(job.id)
+    assert found is not None and found.state == "failed" and "outside the folders" in (found.error or "")
+    assert await store.collections.find("c") is None
