@@ -101,7 +101,10 @@ class Indexer:
     async def run(self, spec: IndexSpec, should_stop: Callable[[], bool] = lambda: False) -> IndexOutcome:
         root = spec.folder()
         size = min(spec.chunk_tokens, self.embedder.max_chunk_tokens)
-        overlap = min(spec.overlap_tokens, size - 1)
+        # A size the model cuts keeps the step asked for (chunk - overlap): cutting the overlap to size - 1
+        # instead made 512/500 on MiniLM's 254 a 1-token step, ~18x the chunks (and the embedding work).
+        step = max(1, spec.chunk_tokens - spec.overlap_tokens)
+        overlap = max(0, min(spec.overlap_tokens, size - step))
         cid = await self.collections.ensure(spec.collection)
         stored = await self.collections.documents(cid)
         files = await asyncio.to_thread(scan_folder, root)

@@ -155,3 +155,16 @@ async def test_vectors_round_trip_as_float32(store: Store, embedder: FakeEmbedde
     data = await store.collections.vectors(cid)
     assert data.matrix.dtype == np.float32 and data.matrix.shape == (len(data.texts), embedder.dim)
     np.testing.assert_allclose(np.linalg.norm(data.matrix, axis=1), 1.0, rtol=1e-5)
+
+
+async def test_a_chunk_size_the_model_cuts_keeps_the_step_asked_for(store: Store, tmp_path: Path) -> None:
+    """512-token chunks overlapping by 500 on a model that takes 254: the overlap was cut to 253, a 1-token
+    step (747 chunks for a 1,000-token file); now the chunks are 254 tokens and step by 12, as asked."""
+    root = tmp_path / "long"
+    root.mkdir()
+    (root / "doc.txt").write_text(" ".join(f"w{j}" for j in range(1000)))
+    embedder = FakeEmbedder()
+    await Indexer(store.collections, None, embedder).run(IndexSpec(str(root), "cut", 512, 500))
+    chunks = await chunk_set(store, "cut")
+    assert embedder.max_chunk_tokens == 254
+    assert 50 <= len(chunks) <= 80  # (tokens - 254) / 12 + 1 of the file's ~1,000 tokens; 747 before
