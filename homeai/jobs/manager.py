@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from homeai.jobs.gateway_embedder import GatewayTextEmbedder
 from homeai.jobs.indexer import Indexer, IndexSpec
 from homeai.jobs.kinds import expand_prompt, run_prompt, run_retention
 from homeai.jobs.progress import Progress
-from homeai.jobs.schedules import parse_schedule
+from homeai.jobs.schedules import one_time, parse_schedule
 from homeai.store.jobs import JobInfo
 from homeai.store.tables import utcnow
 
@@ -55,6 +56,7 @@ class JobManager:
         self.store = store
         self._gateway = gateway
         self.batch_chunks = batch_chunks
+        self.misfire_grace_s = misfire_grace_s
         self.job_roots = job_roots  # the folders index jobs may read, checked at every run (None: any)
         self.scheduler = AsyncIOScheduler(
             jobstores={"default": job_store(store.sync_url)},
@@ -92,10 +94,26 @@ class JobManager:
                 try:
                     await self._schedule(job)
                 except ValueError as e:  # a one-time schedule that passed while the server was down
-                    log.warning("job %d: schedule %r not restored: %s", job.id, job.schedule, e)
+                    await self._missed(job, str(e))
+                    continue
             if job.state == "running" or not job.schedule:
                 log.info("resuming job %d (%s)", job.id, job.kind)
                 self.launch(job.id)
+
+    async def _missed(self, job: JobInfo, why: str) -> None:
+        """A one-time job whose time passed before it ran (it fired while the models were still loading and
+        the server stopped, or the server was down then): it runs now if that was within the misfire grace,
+        as a missed schedule does, else it fails saying so. It stayed "queued" for good before."""
+        when = one_time(job.schedule or "")
+        if when is not None and not await self.store.jobs.runs(job.id, limit=1):
+            late_s = (datetime.now(UTC) - when).total_seconds()
+            if late_s <= self.misfire_grace_s:
+                log.info("job %d: its time passed %.0f s ago before it ran: running it now", job.id, late_s)
+                self.launch(job.id)
+                return
+        log.warning("job %d: schedule %r not restored: %s", job.id, job.schedule, why)
+        await self.store.jobs.set_state(job.id, "failed", only_from=["queued"], finished_at=utcnow(),
+                                        error=f"its time ({job.schedule}) passed while the server was not running")
 
     # ---- commands --------------------------------------------------------------------------------
     async def add(self, kind: str, spec: dict[str, Any], schedule: str | None, created_by: str) -> JobInfo:

@@ -35,6 +35,18 @@ def parse_schedule(text: str) -> BaseTrigger:
         raise ValueError(f"out of range: {e}") from None
 
 
+def one_time(text: str) -> datetime | None:
+    """The time of a one-time schedule (aware: local unless it names an offset); None for other forms."""
+    value = text.strip()
+    if not re.match(r"^\d{4}-\d{2}-\d{2}", value):
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.astimezone()
+
+
 def cron_weekdays(field: str) -> str:
     """Cron's weekday field (numbers with 0 or 7 for Sunday, or names; lists, ranges, steps) as the day names
     APScheduler takes: its CronTrigger counts from 0 = Monday, so "1-5" given as is ran Tuesday to Saturday.

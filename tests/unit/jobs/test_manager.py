@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,24 @@ async def test_an_index_run_reads_only_inside_the_job_roots_at_every_run(store: 
     found = await store.jobs.get(job.id)
     assert found is not None and found.state == "failed" and "outside the folders" in (found.error or "")
     assert await store.collections.find("c") is None
+
+
+async def test_a_one_time_job_whose_time_passed_before_it_ran_runs_or_says_why(store: Store) -> None:
+    """A date job fires, waits for the models to load, and the server stops: APScheduler has dropped it, and
+    at the next start its date is in the past, so it was neither scheduled nor run, "queued" for good. Within
+    the misfire grace it runs now; later than that it fails saying so."""
+    recent = (datetime.now() - timedelta(seconds=10)).isoformat(timespec="seconds")
+    old = (datetime.now() - timedelta(hours=2)).isoformat(timespec="seconds")
+    late = await store.jobs.create("retention", {"days": 30}, recent, "test")
+    missed = await store.jobs.create("retention", {"days": 30}, old, "test")
+    manager = JobManager(store, lambda: object())
+    await manager.start()
+    try:
+        await wait_run(late.id)
+    finally:
+        await manager.shutdown()
+    ran, failed = await store.jobs.get(late.id), await store.jobs.get(missed.id)
+    assert ran is not None and ran.state == "done"
+    assert failed is not None and failed.state == "failed" and "passed while the server was not running" in (
+        failed.error or "")
+    assert await store.jobs.runs(missed.id) == []
