@@ -134,13 +134,18 @@ async def apply_policy_text(holder: PolicyHolder, store: Store | None, text: str
                             persist_to: Path | None = None, read_from: Path | None = None) -> Applied:
     """Validate ``text`` (PolicyError with key paths if invalid: nothing changes), swap it in and
     record it; with ``persist_to``, also write it there (atomically) so that a restart keeps it.
-    Text identical to the running one is a no-op; a comment-only edit is applied (its text becomes
+    Text identical to the running one is a no-op, unless ``persist_to`` holds something else (then it is
+    applied again and written: the way out of a fallback); a comment-only edit is applied (its text becomes
     the running text) with an empty diff. ``read_from``: the file ``text`` was read from (the
     watcher's reload), applied only if the file still holds it once the lock is ours: an admin apply
     writes the file under the same lock, so a read from before that write is stale and must not undo it."""
     policy = parse_policy(text, source, repository_models(holder))
     async with policy_lock(holder):
-        if text == running_text(holder) or (read_from is not None and _read_or_none(read_from) != text):
+        stale_read = read_from is not None and _read_or_none(read_from) != text
+        # The running text again, where the file holds something else (a server on its fallback after an
+        # invalid file, a refused edit): applied and written, so the file is whole and the fallback over.
+        file_differs = persist_to is not None and _read_or_none(persist_to) != text
+        if stale_read or (text == running_text(holder) and not file_differs):
             return Applied(changed=False, swap_version=holder.version)
         warning = None
         try:

@@ -25,6 +25,7 @@ from homeai.api.drain import Drain
 from homeai.api.errors import exception_handler
 from homeai.api.observability_routes import _stats_events, observability_router
 from homeai.api.policy_apply import apply_policy_text, running_text
+from homeai.api.policy_startup import startup_holder
 from homeai.api.policy_watcher import check_policy_file, start_policy_watcher
 from homeai.api.services import DEPENDENCIES, Services, app_state, services_of
 from homeai.api.settings import Settings
@@ -304,6 +305,24 @@ async def test_applied_policy_is_written_to_policy_path(holder: PolicyHolder, st
         assert r.json()["written_to"] == str(policy_file)
     assert policy_file.read_text(encoding="utf-8") == CHAT_BATCH_32
     assert await check_policy_file(holder, policy_file, store) is None  # the watcher sees nothing new
+
+
+async def test_putting_the_running_text_ends_a_fallback_and_mends_the_file(store: Store, tmp_path: Path) -> None:
+    """Started on an invalid policy file, the server runs its fallback and says degraded. Putting back the
+    text it runs (GET, then PUT) was a no-op: still degraded, and the invalid file stayed for the next start."""
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text("classes: [not, a, mapping\n", encoding="utf-8")
+    holder, refusal = startup_holder(policy_file)
+    assert refusal is not None
+    app = make_app(holder, store, policy_path=policy_file, policy_refusal=refusal)
+    async with AsyncTestClient(app=app) as client:
+        assert (await client.get("/readyz")).json()["status"] == "degraded"
+        running = (await client.get("/admin/policy")).text
+        r = await client.put("/admin/policy", content=running.encode(), headers={"Content-Type": "application/yaml"})
+        assert r.status_code == 200 and r.json()["written_to"] == str(policy_file), r.text
+        assert (await client.get("/readyz")).json()["status"] == "ready"
+        assert (await client.get("/v1/stats")).json()["policy"]["status"] == "ok"
+    assert policy_file.read_text(encoding="utf-8") == running
 
 
 async def test_a_reload_read_before_an_admin_write_does_not_undo_it(holder: PolicyHolder, store: Store,
