@@ -26,6 +26,13 @@ class PrefixCounts:
     def request_hit_rate(self) -> float:
         return self.num_hit_requests / self.num_requests if self.num_requests else 0.0
 
+    def add(self, other: PrefixCounts) -> None:
+        """Count ``other``'s too (the same class on another model's pool)."""
+        self.num_requests += other.num_requests
+        self.num_hit_requests += other.num_hit_requests
+        self.num_prompt_tokens += other.num_prompt_tokens
+        self.num_hit_tokens += other.num_hit_tokens
+
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self) | {"token_hit_rate": self.token_hit_rate, "request_hit_rate": self.request_hit_rate}
 
@@ -49,3 +56,14 @@ class PrefixCacheStats:
     def snapshot(self) -> dict[str, dict[str, float | int]]:
         """JSON-ready counters by class (safe to call from another thread: copies before reading)."""
         return {name: counts.as_dict() for name, counts in list(self.by_class.items())}
+
+
+def merged_snapshot(stats: list[PrefixCacheStats]) -> dict[str, dict[str, float | int]]:
+    """Counters by class over several pools (each LLM has its own): a class served by two models, one after
+    the other (a policy moved it), counts what both saw; taking one pool's replaced the other's, and the
+    Prometheus counter went down."""
+    merged: dict[str, PrefixCounts] = {}
+    for one in stats:
+        for name, counts in list(one.by_class.items()):
+            merged.setdefault(name, PrefixCounts()).add(counts)
+    return {name: counts.as_dict() for name, counts in merged.items()}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from homeai.core.prefix_stats import merged_snapshot
 from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
 from homeai.engine.device_loop import DeviceLoop
@@ -384,7 +385,9 @@ class Gateway:
     def _build_snapshot(self) -> dict[str, Any]:
         """Runs on the device thread, which owns what it reads."""
         out: dict[str, Any] = {"classes": {}, "device": {}}
-        for name, engine in (self.loop.llms if self.loop is not None else self.llms).items():
+        engines = self.loop.llms if self.loop is not None else self.llms
+        out["prefix_cache"] = merged_snapshot([e.scheduler.block_manager.stats for e in engines.values()])
+        for name, engine in engines.items():
             sched = engine.scheduler
             bm = sched.block_manager
             out["device"][name] = {"kv_usage": bm.usage, "kv_blocks": bm.num_blocks,
@@ -398,7 +401,6 @@ class Gateway:
                                    "dtype": str(engine.runner.model.dtype).removeprefix("torch.")}
             if engine.runner.compiled is not None:
                 out["device"][name]["compiled_decode"] = engine.runner.compiled.snapshot()
-            out.setdefault("prefix_cache", {}).update(bm.stats.snapshot())  # hit counters by class
             if isinstance(sched, ClassScheduler):
                 out["classes"].update(sched.class_stats())
         if self.batcher is not None:
