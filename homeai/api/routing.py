@@ -19,6 +19,7 @@ from homeai.api.auth import ANONYMOUS, resolve_caller
 from homeai.api.errors import BadRequest, to_api_error
 from homeai.engine.errors import RequestError
 from homeai.gateway.gateway import Gateway, Route
+from homeai.gateway.metering import outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,9 @@ async def resident(gateway: Gateway, route: Route, ctx: RequestContext, keep_ali
         await gateway.ensure_llm(route.model, timeout_us / 1e6 if timeout_us else None, route.class_name,
                                  qp.max_queue_size)
     except Exception as exc:
+        status = outcome_of(exc)
+        if status in ("rejected", "timeout"):  # refused while the model loads: counted as a queue's refusal
+            gateway.meter.refused(route.class_name, status)
         raise to_api_error(exc) from None
 
 

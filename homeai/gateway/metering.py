@@ -130,6 +130,11 @@ class Meter:
         one counts), so the request log says which node served what."""
         self._call("placed", request_id, node)
 
+    def refused(self, class_name: str, status: str) -> None:
+        """A request refused before it was submitted (``status``: rejected or timeout), as while its model
+        loads: counted with the queues' own refusals (homeai_rejections_total, /v1/stats)."""
+        self._call("rejected", class_name, "queue_full" if status == "rejected" else "timeout")
+
     def _end(self, sub: Submission, status: str, num_output_tokens: int) -> None:
         self._call("finished", sub.request_id, status, num_output_tokens)
         if status in ("rejected", "timeout"):

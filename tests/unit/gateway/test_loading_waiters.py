@@ -11,8 +11,12 @@ from typing import Any
 
 import pytest
 
+from homeai.api.errors import ApiError
+from homeai.api.routing import RequestContext, resident
 from homeai.engine.errors import QueueTimeoutError
-from homeai.gateway.gateway import LOAD_RETRY_AFTER_S, Gateway
+from homeai.gateway.gateway import LOAD_RETRY_AFTER_S, Gateway, Route
+from homeai.gateway.metering import Meter
+from homeai.metrics.recorder import MetricsRecorder
 from homeai.policy.loader import load_policy
 from homeai.policy.store import PolicyHolder
 from homeai.scheduling.class_queue import QueueFullError
@@ -33,6 +37,9 @@ class LoadingPool:
 
     def waiting(self, model: str, delta: int) -> None:
         self.waits += delta
+
+    def keep_alive(self, model: str, seconds: float | None, unload_now: bool = False) -> None:
+        pass
 
 
 def test_waiting_for_a_load_is_held_to_the_queue_size_and_its_timeout() -> None:
@@ -55,3 +62,28 @@ def test_waiting_for_a_load_is_held_to_the_queue_size_and_its_timeout() -> None:
         assert pool.waits == 0 and sum(gateway.loading_waiters.values()) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_request_refused_while_its_model_loads_is_counted_as_a_refusal() -> None:
+    """The 429 and the 503 above reached the client but no counter: homeai_rejections_total and /v1/stats
+    counted only the refusals of the class queues."""
+    recorder = MetricsRecorder()
+    gateway = Gateway(PolicyHolder(load_policy(DEFAULT_POLICY)), pool=LoadingPool(),  # type: ignore[arg-type]
+                      meter=Meter(recorder))
+    ctx = RequestContext(user="ann", class_name=None, priority_level=None, timeout_us=None)
+
+    async def scenario() -> None:
+        waiting = [asyncio.create_task(gateway.ensure_llm("big", None, "voice", max_waiting=16)) for _ in range(16)]
+        await asyncio.sleep(0)
+        with pytest.raises(ApiError) as full:
+            await resident(gateway, Route("big", "voice"), ctx)  # voice's queue holds 16, all waiting already
+        assert full.value.status_code == 429
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        with pytest.raises(ApiError) as late:
+            await resident(gateway, Route("big", "voice"), RequestContext("ann", None, None, timeout_us=10_000))
+        assert late.value.status_code == 503
+
+    asyncio.run(scenario())
+    assert recorder.rejections("voice") == {"queue_full": 1, "timeout": 1}
