@@ -73,6 +73,8 @@ class Sequence:
     # Bookkeeping of the scheduler and the engine, typed rather than a grab-bag dict.
     queue_item: object | None = None  # the scheduler's handle in its class queue
     num_charged_prompt_tokens: int = 0  # prompt tokens fairness has charged (not again after preemption)
+    admitted_s: float | None = None  # when it first left its class queue (the scheduler's clock)
+    queue_reported: bool = False  # its wait in the queue went out with a delta
     num_emitted_tokens: int = 0  # output tokens already handed to the stream
     num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
     error: str | None = None  # why it failed, for the client (a timeout is a status, not this text)

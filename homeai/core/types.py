@@ -84,6 +84,7 @@ class TokenDelta:
     timed_out: bool = False  # it waited in its queue past its timeout (the API answers 503)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when asked for
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed (usage's cached_tokens)
+    queue_s: float | None = None  # on the first delta after admission: how long it waited in its class queue
 
     @property
     def finished(self) -> bool:

@@ -281,6 +281,9 @@ class LLMEngine:
                            seq.status.finish_reason, seq.error,
                            timed_out=seq.status == SequenceStatus.FINISHED_TIMED_OUT,
                            num_cached_tokens=seq.num_cached_prompt_tokens)
+        if seq.admitted_s is not None and not seq.queue_reported:
+            seq.queue_reported = True
+            delta.queue_s = max(0.0, seq.admitted_s - seq.arrival_s)
         sid = seq.seq_id
         if seq.params.logprobs is not None and output is not None and sid in output.sampled and new_ids:
             delta.logprobs = [TokenLogprob(output.sampled[sid], output.logprobs[sid], output.top_logprobs.get(sid, []))]

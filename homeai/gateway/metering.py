@@ -38,6 +38,8 @@ class RequestSink(Protocol):
     def request_started(self, request_id: str, kind: str, class_name: str, user: str, model: str,
                         num_prompt_tokens: int) -> None: ...
 
+    def queued(self, request_id: str, seconds: float) -> None: ...
+
     def tokens(self, request_id: str, n: int) -> None: ...
 
     def finished(self, request_id: str, status: str, num_output_tokens: int) -> None: ...
@@ -93,6 +95,8 @@ class Meter:
         num_output_tokens, status = 0, None
         try:
             async for delta in deltas:
+                if delta.queue_s is not None:  # admitted: its wait in the class queue
+                    self._call("queued", sub.request_id, delta.queue_s)
                 if delta.token_ids:  # the first ones also stamp TTFT: a stream ended before any token has none
                     num_output_tokens += len(delta.token_ids)
                     self._call("tokens", sub.request_id, len(delta.token_ids))

@@ -2,7 +2,7 @@
 
 The API calls the recorder from the event loop as a request progresses::
 
-    request_started -> [scheduled] [placed] -> first_token -> tokens ... tokens -> finished
+    request_started -> [queued] [placed] -> first_token -> tokens ... tokens -> finished
     rejected (a request refused before it ever ran, e.g. a full queue)
 
 Every call is a few dict lookups and deque appends (no I/O, no lock held beyond prometheus_client's
@@ -48,7 +48,7 @@ class _Live:
     user_rate: RateWindow
     first_token_s: float | None = None
     last_token_s: float | None = None
-    scheduled_s: float | None = None
+    queue_s: float | None = None  # its wait in the class queue, once reported
     num_output_tokens: int = 0  # counted through tokens()
     node: str | None = None  # the cluster node that served it (the last placement); None on a single box
 
@@ -68,7 +68,7 @@ class FinishedRequest:
     e2e_ms: float
     status: str
     finished_at: float  # wall clock (epoch seconds)
-    queue_ms: float | None = None  # known when the API reported scheduled()
+    queue_ms: float | None = None  # its wait in the class queue (LLM requests the engine admitted)
     itl_ms: float | None = None  # mean gap between output tokens (None below two deliveries)
     node: str | None = None  # the cluster node that served it; None on a single box
 
@@ -124,12 +124,13 @@ class MetricsRecorder:
         self._user_labels.add(label)
         return label
 
-    def scheduled(self, request_id: str) -> None:
-        """Optional: the request left its class queue (observes homeai_queue_seconds)."""
+    def queued(self, request_id: str, seconds: float) -> None:
+        """The request left its class queue after ``seconds`` there (the engine's clock; observes
+        homeai_queue_seconds, and the request log's queue_ms)."""
         live = self._live.get(request_id)
-        if live is not None:
-            live.scheduled_s = self.clock()
-            self.series.child(self.series.queue, live.class_name).observe(live.scheduled_s - live.started_s)
+        if live is not None and live.queue_s is None:
+            live.queue_s = seconds
+            self.series.child(self.series.queue, live.class_name).observe(seconds)
 
     def placed(self, request_id: str, node: str) -> None:
         """The request is served by cluster node ``node``; a later placement (a retry) replaces it."""
@@ -185,7 +186,7 @@ class MetricsRecorder:
         done = FinishedRequest(
             request_id, live.kind, live.class_name, live.user, live.model, live.num_prompt_tokens,
             max(num_output_tokens, live.num_output_tokens), ttft_ms, e2e_s * 1e3, status, self.wall_clock(),
-            None if live.scheduled_s is None else (live.scheduled_s - live.started_s) * 1e3, _mean_itl_ms(live),
+            None if live.queue_s is None else live.queue_s * 1e3, _mean_itl_ms(live),
             live.node)
         self.recent.append(done)
         for listener in self.listeners:

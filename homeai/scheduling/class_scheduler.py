@@ -735,6 +735,8 @@ class ClassScheduler(StepScheduler):
         if state.queue.num_queued_for(seq.user) == 0:
             state.vtc.on_drained(seq.user)
         seq.status = SequenceStatus.RUNNING
+        if seq.admitted_s is None:
+            seq.admitted_s = now
         self.running.append(seq)
         state.num_running += 1
         self.shares.admitted(state, seq, for_share, self.max_num_seqs)

@@ -127,3 +127,27 @@ def test_a_policy_swap_posted_first_is_applied_before_a_later_request() -> None:
         assert rig.sched.max_num_seqs == 2 and seq.status.is_finished
     finally:
         aloop.close()
+
+
+async def test_the_first_delta_after_admission_says_how_long_the_request_queued() -> None:
+    """Chat holds its prompts for its 2 ms delay window: the first delta carries that wait (the metrics'
+    homeai_queue_seconds and the request log's queue_ms), the later ones none."""
+    rig = Rig(make_policy(64, 4, 2, 2000), asyncio.get_running_loop())
+    stream = rig.engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), "c",
+                                 class_name="chat", user="ann")
+    deltas = []
+    reading = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    for _ in range(200):
+        if reading.done():
+            deltas.append(reading.result())
+            if deltas[-1].finished:
+                break
+            reading = asyncio.ensure_future(anext(stream))
+        elif not rig.loop.run_once():
+            rig.clock.advance(0.0005)
+        await asyncio.sleep(0)
+    await stream.aclose()
+    assert deltas[-1].finished and len(deltas) >= 2
+    assert deltas[0].queue_s == pytest.approx(0.002, abs=0.0006)
+    assert all(d.queue_s is None for d in deltas[1:])

@@ -201,3 +201,16 @@ async def test_a_broken_sink_never_fails_the_request() -> None:
     got = await read_all(meter.stream(sub(), Engine([delta(1, FinishReason.STOP)]).generate()))
     assert len(got) == 1
     meter.placed("r", "node-a")  # logged, not raised
+
+
+async def test_the_wait_in_the_class_queue_reaches_the_histogram_and_the_log() -> None:
+    """The engine reports a request's wait in its class queue on its first delta after admission;
+    homeai_queue_seconds had no sample and the request log's queue_ms was always empty."""
+    meter, recorder, done = meter_and_log()
+    first = delta(1)
+    first.queue_s = 0.25
+    await read_all(meter.stream(sub(), Engine([first, delta(1, FinishReason.STOP)]).generate()))
+    assert done[0].queue_ms == pytest.approx(250.0)
+    text = recorder.prometheus_text().decode()
+    assert 'homeai_queue_seconds_count{class_name="chat"} 1.0' in text
+    assert 'homeai_queue_seconds_sum{class_name="chat"} 0.25' in text

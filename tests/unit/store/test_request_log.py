@@ -108,7 +108,7 @@ async def test_the_recorder_feeds_the_writer(store: Store) -> None:
     writer.start()
     recorder.request_started("q", "chat", "chat", "bob", "m", 7)
     now[0] = 0.01
-    recorder.scheduled("q")
+    recorder.queued("q", 0.01)
     now[0] = 0.05
     recorder.tokens("q", 1)
     now[0] = 0.15
