@@ -36,6 +36,7 @@ class GatewayTextEmbedder:
         self.embedder = gateway.embedders[route.model]
         self.token_offsets = hf_token_offsets(self.embedder.tokenizer)
         self.max_chunk_tokens = int(self.embedder.max_length) - 2  # [CLS] and [SEP]
+        self.dim = int(self.embedder.dim)
 
     def _route(self) -> Any:
         """Asked again per batch: a hot-reloaded policy may move the class."""

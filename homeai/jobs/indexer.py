@@ -37,6 +37,7 @@ class TextEmbedder(Protocol):
     """What indexing needs of the embedding model: its token offsets and unit vectors for texts."""
 
     max_chunk_tokens: int
+    dim: int  # the vectors' dimensions
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]: ...
 
@@ -111,6 +112,12 @@ class Indexer:
         outcome = IndexOutcome()
         gone = deleted_paths(stored, root, {str(f.path) for f in files})
         outcome.num_removed = await self.collections.remove_documents(cid, gone)
+        if await self.collections.vector_widths(cid) - {self.embedder.dim}:
+            # Indexed with another embedding model before: an unchanged file's vectors are of no use to a
+            # query now, so every file is indexed again (its content hash alone kept them for good).
+            log.info("collection %r holds vectors of another embedding model: indexing every file again",
+                     spec.collection)
+            stored = {}
         pending = await self._plan(files, stored, size, overlap, outcome)
         await self._save_progress()
         self.progress.begin_indexing()

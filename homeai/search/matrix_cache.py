@@ -37,29 +37,33 @@ def top_k(matrix: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np
 class SearchIndex:
     def __init__(self, collections: Collections) -> None:
         self.collections = collections
-        self._cache: dict[int, CollectionVectors] = {}
+        self._cache: dict[tuple[int, int], CollectionVectors] = {}  # (collection, dimensions)
         self._locks: dict[int, asyncio.Lock] = {}
         self.num_loads = 0  # how often a matrix was (re)loaded (tests, stats)
 
-    async def vectors(self, collection_id: int) -> CollectionVectors:
-        """The collection's vectors, loaded again only when its version moved."""
+    async def vectors(self, collection_id: int, dim: int) -> CollectionVectors:
+        """The collection's vectors of ``dim`` dimensions, loaded again only when its version moved."""
+        key = (collection_id, dim)
         version = await self.collections.version(collection_id)
-        cached = self._cache.get(collection_id)
+        cached = self._cache.get(key)
         if cached is not None and cached.version == version:
             return cached
         async with self._locks.setdefault(collection_id, asyncio.Lock()):
-            cached = self._cache.get(collection_id)
+            cached = self._cache.get(key)
             if cached is None or cached.version != version:
-                cached = await self.collections.vectors(collection_id)
-                self._cache[collection_id] = cached
+                cached = await self.collections.vectors(collection_id, dim)
+                self._cache[key] = cached
                 self.num_loads += 1
         return cached
 
     async def search(self, collection_id: int, query: np.ndarray, k: int) -> list[Hit]:
-        data = await self.vectors(collection_id)
-        if data.matrix.shape[0] and data.matrix.shape[1] != query.shape[-1]:
-            raise ValueError(f"the collection's vectors have {data.matrix.shape[1]} dimensions, the query "
-                             f"{query.shape[-1]}: it was indexed with another embedding model")
+        """The ``k`` chunks nearest ``query``, among those embedded by a model of its width (a collection
+        indexed with another model before answers from what was indexed again since)."""
+        dim = int(query.shape[-1])
+        data = await self.vectors(collection_id, dim)
+        if not data.matrix.shape[0] and (widths := await self.collections.vector_widths(collection_id)) - {dim}:
+            raise ValueError(f"the collection's vectors have {', '.join(map(str, sorted(widths)))} dimensions, the "
+                             f"query {dim}: it was indexed with another embedding model (run its index job again)")
         if data.matrix.shape[0] > THREAD_ABOVE_ROWS:
             rows, scores = await asyncio.to_thread(top_k, data.matrix, query, k)
         else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -173,7 +173,10 @@ class Collections:
             return len(ids)
 
     async def vectors(self, collection_id: int, dim: int | None = None) -> CollectionVectors:
-        """Texts, document paths and the vector matrix of every chunk, with the version they belong to."""
+        """Texts, document paths and the vector matrix of every chunk, with the version they belong to;
+        with ``dim``, of the chunks whose vectors have that many dimensions only (a collection indexed with
+        another embedding model before holds others until its documents are indexed again: reshaping
+        vectors of two widths into one matrix made rows of neither)."""
         query = (select(ChunkRow.text, ChunkRow.vector, DocumentRow.path)
                  .join(DocumentRow, ChunkRow.document_id == DocumentRow.id)
                  .where(DocumentRow.collection_id == collection_id)
@@ -182,6 +185,10 @@ class Collections:
             version = int(await session.scalar(
                 select(CollectionRow.version).where(CollectionRow.id == collection_id)) or 0)
             rows = (await session.execute(query)).all()
+        widths = {len(r[1]) for r in rows}
+        if dim is not None or len(widths) > 1:
+            width = 4 * dim if dim is not None else max(widths, key=lambda w: sum(len(r[1]) == w for r in rows))
+            rows = [r for r in rows if len(r[1]) == width]
         texts = [r[0] for r in rows]
         documents = [r[2] for r in rows]
         if rows:
@@ -189,6 +196,13 @@ class Collections:
         else:
             matrix = np.zeros((0, dim or 0), dtype=np.float32)
         return CollectionVectors(version, texts, documents, matrix.astype(np.float32, copy=False))
+
+    async def vector_widths(self, collection_id: int) -> set[int]:
+        """The dimensions of the collection's vectors (one value unless its embedding model changed)."""
+        query = (select(func.length(ChunkRow.vector)).join(DocumentRow, ChunkRow.document_id == DocumentRow.id)
+                 .where(DocumentRow.collection_id == collection_id).distinct())
+        async with self._sessions() as session:
+            return {int(n) // 4 for n in await session.scalars(query)}
 
     async def documents_since(self, collection_id: int, since: datetime | None) -> list[str]:
         """Paths committed after ``since`` (all when None), oldest first (a digest of new documents)."""

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from indexing_helpers import FakeEmbedder
+from indexing_helpers import FakeEmbedder, vector_of
 from sqlalchemy import func, select
 
 from homeai.jobs.indexer import Indexer, IndexSpec, JobError
+from homeai.search.matrix_cache import SearchIndex
 from homeai.store.db import Store
 from homeai.store.tables import ChunkRow, DocumentRow
 
@@ -168,3 +169,38 @@ async def test_a_chunk_size_the_model_cuts_keeps_the_step_asked_for(store: Store
     chunks = await chunk_set(store, "cut")
     assert embedder.max_chunk_tokens == 254
     assert 50 <= len(chunks) <= 80  # (tokens - 254) / 12 + 1 of the file's ~1,000 tokens; 747 before
+
+
+async def test_a_new_embedding_model_indexes_every_file_again_and_search_reads_only_its_vectors(
+        store: Store, tmp_path: Path) -> None:
+    """Files were re-indexed by content hash alone: after the embedding model changed, unchanged files kept
+    the old model's vectors, the collection held two widths, and search reshaped them into rows of neither
+    ("vectors have 10 dimensions") for good. Now a run with the new model indexes every file again, and
+    until it has, search answers from the vectors of the query's width and says why when there are none."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    for i in range(3):
+        (root / f"old{i}.txt").write_text(f"old document number {i}")
+    await Indexer(store.collections, None, FakeEmbedder(dim=8)).run(spec(root, "c"))
+    cid = await store.collections.find("c")
+    assert cid is not None
+    index = SearchIndex(store.collections)
+    with pytest.raises(ValueError, match="8 dimensions, the query 16: it was indexed with another embedding"):
+        await index.search(cid, vector_of("old", 16), 3)
+    (root / "new.txt").write_text("a new document")
+    asked: list[bool] = []
+
+    def after_the_first_batch() -> bool:
+        asked.append(True)
+        return len(asked) > 1
+
+    half = await Indexer(store.collections, None, FakeEmbedder(dim=16), batch_chunks=1).run(
+        spec(root, "c"), should_stop=after_the_first_batch)
+    assert half.stopped  # a run stopped halfway: both widths are in the collection
+    assert await store.collections.vector_widths(cid) == {8, 16}
+    hits = await index.search(cid, vector_of("a new document", 16), 10)
+    assert hits and {h.document for h in hits} < {str(root / n) for n in ("old0.txt", "old1.txt", "old2.txt",
+                                                                          "new.txt")}
+    outcome = await Indexer(store.collections, None, FakeEmbedder(dim=16)).run(spec(root, "c"))
+    assert outcome.num_unchanged == 0 and await store.collections.vector_widths(cid) == {16}
+    assert len(await index.search(cid, vector_of("a new document", 16), 10)) == len(await chunk_set(store, "c"))
