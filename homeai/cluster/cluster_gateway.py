@@ -152,7 +152,10 @@ class ClusterGateway(Gateway):
                     if not first and (item.token_ids or item.finished or item.error is not None):
                         first = True
                         self.router.first_token(rid, req.class_name, len(req.prompt_ids))
-                        self._charge(req, len(req.prompt_ids), 0)
+                        # as a single box charges at admission: the prompt tokens it computed (a cached
+                        # prefix costs nothing), and nothing for a request that timed out in its queue
+                        if not item.timed_out:
+                            self._charge(req, len(req.prompt_ids) - item.num_cached_tokens, 0)
                     if item.token_ids:
                         self._charge(req, 0, len(item.token_ids))
                         streamed += len(item.token_ids)
@@ -225,8 +228,10 @@ class ClusterGateway(Gateway):
         except ray.exceptions.ActorUnavailableError as exc:  # this stream is gone; the actor may not be
             raise ReplicaLostError(type(exc).__name__) from exc
         except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError) as exc:
-            self.membership.lost(rid, "replica died")
+            self.membership.lost(rid, "replica died", handle)
             raise ReplicaLostError(type(exc).__name__) from exc
+        except ray.exceptions.RayError as exc:  # the replica raised (a task error, one Ray could not rebuild)
+            raise ReplicaLostError(f"{type(exc).__name__}: {exc}") from exc
         finally:
             if not done:
                 ray.cancel(gen)  # the client left (or we gave up): the replica aborts the sequence

@@ -106,8 +106,14 @@ class Membership:
         rep = self.replicas.get(replica_id)
         return rep.spec.name if rep is not None else replica_id[:8]
 
-    def lost(self, replica_id: str, why: str) -> None:
-        """A stream found the replica gone (its actor died): mark it at once, not at the next poll."""
+    def lost(self, replica_id: str, why: str, handle: Any = None) -> None:
+        """A stream found the replica gone (its actor died): mark it at once, not at the next poll. With
+        ``handle`` (the actor the stream was from), only while that is still the replica's actor: a slow
+        reader of a dead actor's stream must not take down the one placed on its node since."""
+        with self._lock:
+            rep = self.replicas.get(replica_id)
+            if handle is not None and rep is not None and rep.handle is not handle:
+                return
         self._leave(replica_id, why)
 
     def nodes(self) -> list[dict[str, Any]]:

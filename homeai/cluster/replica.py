@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from homeai.core.types import SamplingParams, TokenDelta
-from homeai.engine.errors import QueueTimeoutError, RequestError
+from homeai.engine.errors import (
+    ModelCapacityError,
+    ModelLoadError,
+    ModelUnloadedError,
+    QueueTimeoutError,
+    RequestError,
+)
 from homeai.gateway.gateway import Gateway, GatewayConfig, Route
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
@@ -31,11 +37,14 @@ from homeai.scheduling.class_scheduler import ClassScheduler
 log = logging.getLogger(__name__)
 
 
+MODEL_RETRY_AFTER_S = 5.0  # a model that cannot be loaded on a replica now: when the client may ask again
+
 @dataclass(slots=True)
 class Refusal:
     """The replica did not take the request: ``kind`` is "full" (its class queue: placed elsewhere, or 429),
-    "timeout" (its queue timeout passed there: 503) or "invalid" (400). The front door also notes a replica
-    lost before the first token as "lost" (placed elsewhere, or 503)."""
+    "timeout" (its queue timeout passed there: 503), "invalid" (400) or "unavailable" (the model cannot be
+    loaded there now: placed elsewhere, or 503). The front door also notes a replica lost before the first
+    token as "lost" (placed elsewhere, or 503)."""
 
     kind: str
     message: str
@@ -107,6 +116,9 @@ class EngineReplica:
         except (RequestError, LookupError) as exc:
             yield Refusal("invalid", str(exc))
             return
+        except (ModelCapacityError, ModelLoadError, ModelUnloadedError) as exc:  # another replica may have it
+            yield Refusal("unavailable", str(exc), MODEL_RETRY_AFTER_S)
+            return
         try:
             async for delta in stream:
                 yield delta
@@ -114,6 +126,8 @@ class EngineReplica:
             yield Refusal("full", str(exc), exc.retry_after_s)
         except RequestError as exc:
             yield Refusal("invalid", str(exc))
+        except (ModelCapacityError, ModelLoadError, ModelUnloadedError) as exc:  # before its first delta
+            yield Refusal("unavailable", str(exc), MODEL_RETRY_AFTER_S)
         finally:
             await stream.aclose()
 

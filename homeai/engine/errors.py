@@ -17,30 +17,30 @@ class EmbedBatchError(RuntimeError):
     """The batch holding this input failed on the device (HTTP 500 naming the cause)."""
 
 
-class ModelCapacityError(RuntimeError):
+class _ModelError(RuntimeError):
+    """An error about one model: picklable with its two arguments (a cluster's replica raises it in another
+    process; without ``__reduce__`` Ray could not rebuild it and the front door got an opaque error, a 500)."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.model, str(self))
+
+
+class ModelCapacityError(_ModelError):
     """A model cannot be loaded: it does not fit the memory budget beside the models that must stay (pinned,
     or serving requests). Never answered by evicting a pinned model (HTTP 503 naming the model)."""
 
-    def __init__(self, model: str, message: str) -> None:
-        super().__init__(message)
-        self.model = model
 
-
-class ModelUnloadedError(RuntimeError):
+class ModelUnloadedError(_ModelError):
     """The model left the device (its keep_alive ran out) between a request's lookup of it and the request's
     submission. The gateway loads it again and submits once more; a caller that gets this sees HTTP 503."""
 
-    def __init__(self, model: str, message: str) -> None:
-        super().__init__(message)
-        self.model = model
 
-
-class ModelLoadError(RuntimeError):
+class ModelLoadError(_ModelError):
     """Loading a model failed (HTTP 503 naming the model and the cause); the next request tries again."""
-
-    def __init__(self, model: str, message: str) -> None:
-        super().__init__(message)
-        self.model = model
 
 
 # An error delta's text starts with this when the node serving the request left after its first token (a

@@ -6,6 +6,7 @@ client gets the refusal."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -16,7 +17,14 @@ from homeai.cluster.cluster_gateway import ClusterGateway, ReplicaLostError
 from homeai.cluster.replica import Refusal, ReplicaRequest
 from homeai.cluster.router import ReplicaLoad
 from homeai.core.types import SamplingParams, TokenDelta
-from homeai.engine.errors import REPLICA_LOST, QueueTimeoutError, RequestError
+from homeai.engine.errors import (
+    REPLICA_LOST,
+    ModelCapacityError,
+    ModelLoadError,
+    ModelUnloadedError,
+    QueueTimeoutError,
+    RequestError,
+)
 from homeai.policy.loader import parse_policy
 from homeai.policy.store import PolicyHolder
 from homeai.scheduling.class_queue import QueueFullError
@@ -117,3 +125,45 @@ def test_a_class_queue_limit_holds_across_the_cluster() -> None:
         run(gw)
     busy[1].queued = {"voice": 0}
     assert run(gw)[-1].finish_reason == "length"
+
+
+def test_a_model_a_replica_cannot_load_now_moves_the_request_and_none_is_503() -> None:
+    """ModelCapacityError and ModelLoadError there could not even be rebuilt on the front door (their
+    two-argument constructors did not pickle): the client got a 500 and no other replica was tried."""
+    for exc in (ModelCapacityError("m", "m does not fit"), ModelLoadError("m", "m: disk on fire"),
+                ModelUnloadedError("m", "m was unloaded")):
+        again = pickle.loads(pickle.dumps(exc))
+        assert type(again) is type(exc) and again.model == "m" and str(again) == str(exc)
+    unavailable = Refusal("unavailable", "m does not fit", 5.0)
+    gw = gateway({"a": [unavailable], "b": [TOKENS]})
+    assert run(gw)[-1].finish_reason == "length" and gw.served_by["r1"] == "b"
+    with pytest.raises(QueueTimeoutError, match="no replica could take the request: m does not fit"):
+        run(gateway({"a": [unavailable], "b": [unavailable]}))
+
+
+def test_the_shared_fairness_counter_charges_as_a_single_box_does() -> None:
+    """The front door charged the whole prompt at the first delta: a cached prefix too (what prefix
+    affinity arranges for a household's long system prompt), and a request that timed out in its queue."""
+    charged: list[tuple[int, int]] = []
+    gw = gateway({"a": [TOKENS, TOKENS]})
+    gw._charge = lambda req, i, o: charged.append((i, o))  # type: ignore[method-assign]
+    script = gw._stream_from
+
+    async def cached(rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        async for item in script(rid, req):
+            if isinstance(item, TokenDelta):
+                item.num_cached_tokens = 2  # 2 of the 3 prompt tokens came from the prefix cache
+            yield item
+
+    gw._stream_from = cached  # type: ignore[method-assign]
+    run(gw)
+    assert charged[0] == (1, 0) and sum(o for _, o in charged) == 3
+
+    charged.clear()
+
+    async def timed_out(rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        yield TokenDelta(req.request_id, "", [], 3, 0, finish_reason="abort", error="queue timeout", timed_out=True)
+
+    gw._stream_from = timed_out  # type: ignore[method-assign]
+    run(gw)
+    assert charged == []
