@@ -44,17 +44,22 @@ async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route
     """Tokenize once (off the event loop unless short: ``offload``); queue every input in the class; wait for
     the vectors."""
     embedder = gateway.embedders[route.model]
+    # the class's max_prompt_tokens, where it is below what the model takes (it was not applied to embeddings)
+    class_limit = gateway.policy.classes[route.class_name].max_prompt_tokens
+    limit = min(class_limit, embedder.max_length) if class_limit else embedder.max_length
     texts = [x for x in inputs if isinstance(x, str)]
     if texts and len(texts) < len(inputs):
         raise BadRequest("input mixes texts and token ids; send one kind", param="input")
     if texts:
-        rows = await tokenize(text_size(texts), embedder.tokenize, texts, cut_long)
+        rows = await tokenize(text_size(texts), embedder.tokenize, texts, cut_long, limit)
     else:
         rows = [list(r) for r in inputs if not isinstance(r, str)]
         for i, row in enumerate(rows):
             check_token_ids(row, embedder.tokenizer_size, f"input[{i}]")
+        if cut_long:
+            rows = [row[:limit] for row in rows]
     if not cut_long:
-        check_lengths(rows, embedder.max_length, route.model)
+        check_lengths(rows, limit, route.model, class_name=route.class_name if limit < embedder.max_length else None)
     try:
         return await until_disconnect(request, gateway.embed(route, rows, ctx.user, ctx.priority_level,
                                                              ctx.timeout_us))
@@ -62,11 +67,13 @@ async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route
         raise to_api_error(exc) from None
 
 
-def check_lengths(rows: list[list[int]], limit: int, model: str, field: str = "input") -> None:
-    """BadRequest naming the first input over ``limit`` tokens."""
+def check_lengths(rows: list[list[int]], limit: int, model: str, field: str = "input",
+                  class_name: str | None = None) -> None:
+    """BadRequest naming the first input over ``limit`` tokens (``class_name``: the class's limit, not the model's)."""
+    whose = f"class {class_name!r}" if class_name else f"model {model!r}"
     for i, row in enumerate(rows):
         if len(row) > limit:
             param = f"{field}[{i}]" if len(rows) > 1 else field
-            raise BadRequest(f"{param} has {len(row)} tokens; model {model!r} embeds at most {limit} tokens per "
+            raise BadRequest(f"{param} has {len(row)} tokens; {whose} embeds at most {limit} tokens per "
                              "input. Shorten it or split it into several inputs.", param=param,
                              code="context_length_exceeded")

@@ -128,7 +128,7 @@ def run_kernel_bench(args: argparse.Namespace) -> int:
 
         out = run_attention(cfg, parse_shapes(args.attention), args.repeats, log)
     else:
-        out = run_kernels(cfg, [int(r) for r in args.rows.split(",")], args.repeats, log)
+        out = run_kernels(cfg, list(args.rows), args.repeats, log)
     if args.json:
         print(json.dumps(out))
     return 0

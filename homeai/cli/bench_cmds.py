@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from homeai.bench.shapes import SHAPES
+from homeai.cli import arg_types
 
 
 def add_bench_commands(subparsers: Any) -> None:
@@ -44,7 +45,8 @@ def add_bench_commands(subparsers: Any) -> None:
     add_speed_commands(kinds)
     p = kinds.add_parser("kernels", help="int8 and int4 matmul kernels side by side on one model's weight shapes")
     p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES), help="whose weight shapes")
-    p.add_argument("--rows", default="1,2,4,8,16,32,64", help="activation rows (decode batch sizes)")
+    p.add_argument("--rows", type=arg_types.positive_ints, default="1,2,4,8,16,32,64",
+                   help="activation rows (decode batch sizes)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--attention", metavar="ROWSxCONTEXT,...",
                    help="the decode-attention kernel instead, per cache type (e.g. 1x1700,12x1700,16x200)")

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from homeai.cli import arg_types
 from homeai.core.types import SamplingParams
 
 
@@ -14,11 +15,11 @@ def add_chat_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="a name from `homeai models`")
     p.add_argument("-p", "--prompt", help="one-shot: answer this prompt and exit")
     p.add_argument("--system", help="system message")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=arg_types.non_negative_float, default=0.7)
+    p.add_argument("--top-p", type=arg_types.probability, default=0.95)
+    p.add_argument("--max-tokens", type=arg_types.positive_int, default=512)
     p.add_argument("--seed", type=int)
-    p.add_argument("--device", help="cuda, cpu (default: cuda when present)")
+    p.add_argument("--device", type=arg_types.device, help="cuda, cpu (default: cuda when present)")
     p.set_defaults(func=cmd_chat)
 
 
@@ -26,14 +27,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
     from homeai.engine.device_loop import run_alone
     from homeai.repository.cache import default_cache_dir
-    from homeai.repository.entries import get_entry
-    from homeai.repository.pull import pull
+    from homeai.repository.entries import EntryError, get_entry
+    from homeai.repository.pull import PullError, pull
 
-    entry = get_entry(args.model)
-    if entry.kind != "llm":
-        print(f"{args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
-        return 2
-    folder = pull(entry, default_cache_dir())
+    try:
+        entry = get_entry(args.model)
+        if entry.kind != "llm":
+            print(f"{args.model} is an {entry.kind} model, not an LLM", file=sys.stderr)
+            return 2
+        folder = pull(entry, default_cache_dir())
+    except (EntryError, PullError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     engine = build_llm_engine(folder, EngineConfig(device=args.device, dtype=entry.dtype,
                                                       max_model_len=entry.served_len,
                                                       quantization=entry.quantization))

@@ -54,7 +54,7 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
     headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
     try:
         response = httpx.request(method, args.url.rstrip("/") + path, json=body, headers=headers, timeout=30)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
         raise SystemExit(f"error: cannot reach {args.url}: {e}") from None
     if response.status_code >= 400:
         try:

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from homeai.api.settings import POLICY_FILE_NAME, default_data_dir
 from homeai.store.db import Store
 from homeai.store.keys import KNOWN_SCOPES, KeyInfo, KeyStoreError
@@ -58,9 +60,8 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 
 def _run(args: argparse.Namespace, action: Callable[[Store], Awaitable[int]]) -> int:
-    store = Store(args.database_url) if args.database_url else Store.in_dir(_data_dir(args))
-
     async def go() -> int:
+        store = Store(args.database_url) if args.database_url else Store.in_dir(_data_dir(args))
         await store.init()
         try:
             return await action(store)
@@ -70,7 +71,11 @@ def _run(args: argparse.Namespace, action: Callable[[Store], Awaitable[int]]) ->
         finally:
             await store.close()
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except (OSError, SQLAlchemyError) as e:  # a data dir under a file, a database URL nobody serves
+        print(f"error: cannot open the key store: {e}", file=sys.stderr)
+        return 1
 
 
 def _warn_unknown_class(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
+from homeai.cli import arg_types
 from homeai.policy.loader import PolicyError, diff_policies, load_policy, policy_json_schema
 
 
@@ -21,9 +22,10 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a policy file (exit 1 with every error found)")
     validate.add_argument("file")
-    validate.add_argument("--kv-cache-mb", type=int, default=256,
+    validate.add_argument("--kv-cache-mb", type=arg_types.positive_int, default=256,
                           help="the server's KV cache per LLM, as `homeai serve --kv-cache-mb` (default 256)")
-    validate.add_argument("--device", default=None, help="the device the server runs on (default: cuda if available)")
+    validate.add_argument("--device", type=arg_types.device, default=None,
+                          help="the device the server runs on (default: cuda if available)")
     validate.set_defaults(func=cmd_validate)
 
     schema = sub.add_parser("schema", help="print the policy JSON Schema (for editors)")

@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any
 
 from homeai.api.settings import DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
+from homeai.cli import arg_types
 
 
 def add_serve_command(subparsers: Any) -> None:
@@ -26,7 +27,7 @@ def add_serve_command(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="run the HTTP server (OpenAI- and Ollama-compatible)")
     parser.add_argument("--host", default=os.environ.get("HOMEAI_HOST", "127.0.0.1"),
                         help="address to bind (API keys are required beyond loopback); default 127.0.0.1")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("HOMEAI_PORT", "8000")),
+    parser.add_argument("--port", type=arg_types.port, default=os.environ.get("HOMEAI_PORT", "8000"),
                         help="port; default 8000")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help=f"where the policy and the database live (env {DATA_DIR_ENV}; "
@@ -34,8 +35,10 @@ def add_serve_command(subparsers: Any) -> None:
     parser.add_argument("--policy", type=Path, default=None,
                         help="policy file to run (default: policy.yaml in the data dir, "
                              "copied from policies/default.yaml on first start)")
-    parser.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache size of the LLM; default 256")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--kv-cache-mb", type=arg_types.positive_int, default=256,
+                        help="KV cache size of the LLM; default 256")
+    parser.add_argument("--device", type=arg_types.device, default=None,
+                        help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
                         help=f"on SIGTERM, how long running requests may go on (env {DRAIN_TIMEOUT_ENV}; "
                              "default 30)")

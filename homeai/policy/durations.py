@@ -7,6 +7,7 @@ model is idle. The policy's ``models.<name>.keep_alive`` and the requests' ``kee
 
 from __future__ import annotations
 
+import math
 import re
 
 KeepAlive = str | int | float
@@ -14,6 +15,7 @@ KeepAlive = str | int | float
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
 _GO_DURATION = re.compile(r"[-+]?(0|((\d+(\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h))+|\d+(\.\d*)?)")
+MAX_KEEP_ALIVE_S = 100 * 365 * 86400.0  # longer is "forever" written otherwise (-1), and overflowed a date
 
 
 def parse_keep_alive(value: KeepAlive) -> float | None:
@@ -34,6 +36,9 @@ def parse_keep_alive(value: KeepAlive) -> float | None:
             seconds = sign * sum(float(n) * _UNIT_S[unit] for n, unit in _PART.findall(body))
         else:
             seconds = sign * float(body)
+    if math.isnan(seconds) or seconds > MAX_KEEP_ALIVE_S:
+        raise ValueError(f"keep_alive must be at most {MAX_KEEP_ALIVE_S / 86400 / 365:.0f} years (negative: stay "
+                         f"loaded); got {value!r}")
     return None if seconds < 0 else seconds
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,30 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2's floats: PyYAML (YAML 1.1) reads "5e-2" (no dot) as a string, which the strict schema then
+# refused as "not a number". The resolver PyYAML keeps for floats, with the dot made optional.
+_StrictLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _first in "-+0123456789.":
+    _StrictLoader.yaml_implicit_resolvers[_first] = [
+        (tag, regexp) for tag, regexp in _StrictLoader.yaml_implicit_resolvers.get(_first, [])
+        if tag != "tag:yaml.org,2002:float"]
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
+     [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+
+
 def load_policy(path: str | Path, known_models: Collection[str] | None = None) -> Policy:
     """Read and validate a policy file; raises PolicyError (also for a missing or unreadable file)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise PolicyError(str(path), [("", f"cannot read file: {e.strerror or e}")]) from e
+    except UnicodeDecodeError as e:
+        raise PolicyError(str(path), [("", f"not UTF-8 text: byte {e.object[e.start]:#04x} at offset {e.start}")]
+                          ) from e
     return parse_policy(text, source=str(path), known_models=known_models)
 
 

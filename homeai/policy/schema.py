@@ -31,8 +31,11 @@ DEFAULT_ARRIVAL_STEP_FRACTION = 0.1
 DEFAULT_MEMORY_FRACTION = 0.8
 
 
+MAX_PRIORITY_LEVELS = 100  # each level is a queue of its own: a million took seconds and gigabytes to build
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+    # No infinity or NaN anywhere: "ttft_ms: .inf" validated, then failed every step planned for it.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
 def _fail(title: str, problems: list[tuple[tuple[str | int, ...], str, object]]) -> None:
@@ -89,7 +92,8 @@ class ClassPolicy(_Strict):
     max_batch_size: int = Field(8, ge=1)
     preferred_batch_size: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
     max_queue_delay_microseconds: int = Field(0, ge=0)
-    priority_levels: int = Field(1, ge=1, description="levels inside the class; 1 is served first")
+    priority_levels: int = Field(1, ge=1, le=MAX_PRIORITY_LEVELS,
+                                 description="levels inside the class; 1 is served first")
     default_priority_level: int = Field(1, ge=1)
     default_queue_policy: QueuePolicy = Field(default_factory=QueuePolicy)
     priority_queue_policy: dict[LevelKey, QueuePolicy] = Field(default_factory=dict)
@@ -240,8 +244,12 @@ class GlobalLimits(_Strict):
 
     max_num_batched_tokens: int = Field(2048, ge=1, description="tokens per LLM step")
     max_num_seqs: int = Field(64, ge=1, description="running sequences, all classes")
-    kv_cache_fraction: float | None = Field(None, gt=0.0, le=1.0, description="of free device memory")
-    kv_cache_mb: int | None = Field(None, ge=1)
+    # Not applied: a KV cache is sized by `homeai serve --kv-cache-mb` or models.<name>.kv_cache_mb. Kept so
+    # that policy files copied from an older default (which set kv_cache_fraction: 0.8) stay valid.
+    kv_cache_fraction: float | None = Field(None, gt=0.0, le=1.0, description="not applied (kept for older files): "
+                                            "the KV cache is --kv-cache-mb or models.<name>.kv_cache_mb")
+    kv_cache_mb: int | None = Field(None, ge=1, description="not applied (kept for older files): the KV cache is "
+                                    "--kv-cache-mb or models.<name>.kv_cache_mb")
     # What the loaded models (weights and KV caches of every LLM, the encoders' weights) may hold together
     memory_mb: int | None = Field(None, ge=1, description="memory budget of the loaded models, in MB")
     memory_fraction: float | None = Field(

@@ -105,7 +105,7 @@ def write_entry(entry: ModelEntry, models_dir: Path | None = None) -> Path:
     if path.exists():
         existing = yaml.safe_load(path.read_text()) or {}
         if existing.get("source") != data["source"]:
-            raise PullError(f"{path} already exists with another source; choose a name with --name")
+            raise PullError(f"{path} already exists with another source; choose a name with --as NAME")
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# {entry.description}\n" + yaml.safe_dump(data, sort_keys=False))
     return path

@@ -101,13 +101,15 @@ class Embedder:
 
     # ---- tokenizing --------------------------------------------------------------------------------
 
-    def tokenize(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
-        """Token ids with [CLS]/[SEP], truncated to `max_length` (what `embed` runs), or uncut (to refuse
-        what would be cut: a row longer than `max_length` must not be embedded)."""
+    def tokenize(self, texts: list[str], truncate: bool = True, max_length: int | None = None) -> list[list[int]]:
+        """Token ids with [CLS]/[SEP], truncated to `max_length` (what `embed` runs; ``max_length``: fewer, a
+        class's limit), or uncut (to refuse what would be cut: a row longer than `max_length` must not be
+        embedded)."""
         _check_texts(texts)
+        limit = min(max_length, self._max_length) if max_length else self._max_length
         with self._tokenizer_lock:
             if truncate:
-                encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self._max_length)
+                encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit)
             else:
                 encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False)
         return encoded["input_ids"]

@@ -89,6 +89,19 @@ def test_what_no_answer_could_honour_is_refused_naming_it(http: httpx.Client) ->
     assert error["param"] == "x-homeai-class" and "serves embedding" in error["message"]
 
 
+def test_an_embedding_class_holds_its_inputs_to_its_max_prompt_tokens(http: httpx.Client) -> None:
+    """The class's limit applied to LLM prompts only: an embedding class of 8 tokens embedded 20."""
+    snippets = {"X-HomeAI-Class": "snippets"}
+    words = "one two three four five six seven eight nine ten eleven twelve"
+    error = openai_error(http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": words},
+                                   headers=snippets), 400)
+    assert error["param"] == "input" and "class 'snippets' embeds at most 8 tokens" in error["message"]
+    r = http.post("/api/embed", json={"model": "all-minilm-l6-v2", "input": words}, headers=snippets)
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] == 8  # Ollama's truncate (default): cut
+    r = http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": words})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 8  # the embedding class: 256
+
+
 def test_prompt_longer_than_the_context(http: httpx.Client) -> None:
     long = [{"role": "user", "content": "hello " * 2100}]
     error = openai_error(http.post("/v1/chat/completions", json={"model": LLM, "messages": long}), 400)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from homeai.cli.policy_cmds import main as policy_main
-from homeai.policy.loader import diff_policies, key_path, load_policy, parse_policy, policy_json_schema
+from homeai.policy.loader import PolicyError, diff_policies, key_path, load_policy, parse_policy, policy_json_schema
 from homeai.policy.schema import Policy
 from homeai.policy.store import PolicyHolder
 
@@ -143,3 +143,44 @@ def test_llm_classes_may_name_several_llms_of_the_repository() -> None:
             "  search: {kind: embedding, model: encoder, priority: 1}\n")
     policy = parse_policy(text, known_models={"small", "large", "encoder"})
     assert {c.model for c in policy.classes.values() if c.kind == "llm"} == {"small", "large"}
+
+
+def with_changes(**classes: dict[str, Any]) -> str:
+    data = yaml.safe_load(DEFAULT.read_text())
+    for name, fields in classes.items():
+        data["classes"][name].update(fields)
+    return yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize(("fields", "where"), [
+    ({"targets": {"ttft_ms": float("inf"), "itl_ms": 100}}, "classes.voice.targets.ttft_ms"),  # a 500 for every step
+    ({"latency_margin": float("nan")}, "classes.voice.latency_margin"),
+    ({"priority_levels": 1_000_000}, "classes.voice.priority_levels"),  # seconds and gigabytes to build
+])
+def test_values_that_validated_and_then_broke_the_server_are_refused_naming_the_key(fields: dict[str, Any],
+                                                                                    where: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        parse_policy(with_changes(voice=fields), source="p.yaml")
+    assert where in str(err.value), str(err.value)
+
+
+def test_keep_alive_is_a_finite_time_or_forever() -> None:
+    data = yaml.safe_load(DEFAULT.read_text())
+    for bad in (".inf", ".nan", "99999999999h"):  # /api/ps turned it into a date: a 500
+        data["models"]["smollm2-135m-instruct"] = {"keep_alive": bad}
+        with pytest.raises(PolicyError, match="keep_alive"):
+            parse_policy(yaml.safe_dump(data).replace(f"'{bad}'", bad), source="p.yaml")
+
+
+def test_yaml_1_2_floats_are_numbers() -> None:
+    """PyYAML reads 5e-2 (no dot) as a string; the strict schema then said "not a number"."""
+    policy = parse_policy(DEFAULT.read_text().replace("arrival_step_fraction: 0.05", "arrival_step_fraction: 5e-2"),
+                          source="p.yaml")
+    assert policy.classes["voice"].arrival_fraction == 0.05
+
+
+def test_a_file_that_is_not_utf8_is_a_policy_error(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"classes:\n  x: \xff\n")
+    with pytest.raises(PolicyError, match="not UTF-8 text: byte 0xff"):
+        load_policy(path)
