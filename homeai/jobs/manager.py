@@ -202,14 +202,15 @@ class JobManager:
             return False
         task = asyncio.get_running_loop().create_task(self._run(job_id, only_queued), name=f"job-{job_id}")
         self._tasks[job_id] = task
-        task.add_done_callback(lambda _t: self._ended(job_id))
+        task.add_done_callback(lambda done: self._ended(job_id, done))
         return True
 
-    def _ended(self, job_id: int) -> None:
+    def _ended(self, job_id: int, task: asyncio.Task[None]) -> None:
         self._tasks.pop(job_id, None)
         if job_id in self._relaunch:
             self._relaunch.discard(job_id)
-            self.launch(job_id, only_queued=True)
+            if not task.cancelled():  # a shutdown or a delete cancels: nothing goes on after those
+                self.launch(job_id, only_queued=True)
 
     async def _run(self, job_id: int, only_queued: bool = False) -> None:
         jobs = self.store.jobs
