@@ -106,14 +106,14 @@ async def resident(gateway: Gateway, route: Route, ctx: RequestContext, keep_ali
         raise to_api_error(exc) from None
 
 
-_NUM_CTX_WARNED: set[tuple[str, int]] = set()
+_NUM_CTX_WARNED: set[str] = set()  # models (a served model's name: bounded)
 
 
 def warn_num_ctx(model: str, num_ctx: int, limit: int) -> None:
     """Ollama's ``options.num_ctx`` above the model's context: served in the model's own, as Ollama does, and
-    logged once per model and value (a client sends the same on every request)."""
-    if (model, num_ctx) not in _NUM_CTX_WARNED:
-        _NUM_CTX_WARNED.add((model, num_ctx))
+    logged once per model (a client sends the same on every request)."""
+    if model not in _NUM_CTX_WARNED:
+        _NUM_CTX_WARNED.add(model)
         log.warning("options.num_ctx %d is above model %s's context: served in its %d tokens", num_ctx, model, limit)
 
 
