@@ -96,6 +96,7 @@ class ClusterGateway(Gateway):
         if self.serve_locally and self.llms:
             local = gateway_load(self)
             loads.append(ReplicaLoad(LOCAL, node=LOCAL, device=local["device"], models=tuple(local["models"]),
+                                     loaded=tuple(local["loaded"]),
                                      base_s=local["base_s"], row_s=local["row_s"],
                                      prompt_token_s=local["prompt_token_s"], free_kv_tokens=local["free_kv_tokens"],
                                      block_size=local["block_size"], queued=local["queued"],

@@ -213,7 +213,8 @@ class Membership:
             if rep is None or rep.state == "left":
                 return
             rep.load = ReplicaLoad(replica_id, node=rep.spec.name, device=data["device"],
-                                   models=tuple(data["models"]), base_s=data["base_s"], row_s=data["row_s"],
+                                   models=tuple(data["models"]), loaded=tuple(data.get("loaded", data["models"])),
+                                   base_s=data["base_s"], row_s=data["row_s"],
                                    prompt_token_s=data["prompt_token_s"], free_kv_tokens=data["free_kv_tokens"],
                                    block_size=data["block_size"], queued=data["queued"], running=data["running"])
             if rep.state == "loading":

@@ -147,7 +147,10 @@ def gateway_load(gateway: Gateway) -> dict[str, Any]:
     thread last published them; never read across threads)."""
     snap = Gateway.snapshot(gateway)  # the device's own, not a cluster's
     classes = snap.get("classes", {})
-    out: dict[str, Any] = {"device": str(gateway.device), "models": sorted(gateway.llms),
+    # The LLMs it serves, loaded or not (an on-demand one loads when a request comes: advertising only the
+    # loaded ones left a model that had left by keep_alive never routed there again), and those loaded now.
+    served = {*gateway.llms, *(gateway.pool.models if gateway.pool is not None else {})}
+    out: dict[str, Any] = {"device": str(gateway.device), "models": sorted(served), "loaded": sorted(gateway.llms),
                            "queued": {c: s.get("queued", 0) for c, s in classes.items()},
                            "running": {c: s.get("running", 0) for c, s in classes.items()},
                            "free_kv_tokens": 0, "block_size": 16, "base_s": 0.02, "row_s": 0.001,

@@ -39,7 +39,8 @@ class ReplicaLoad:
     replica_id: str
     node: str = ""
     device: str = "cpu"
-    models: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()  # the LLMs it serves
+    loaded: tuple[str, ...] | None = None  # of those, the ones on its device now (None: all of them)
     base_s: float = 0.02  # fitted step cost: a step's fixed time,
     row_s: float = 0.001  # each decode row,
     prompt_token_s: float = 0.001  # each prompt token beyond a row
@@ -107,11 +108,12 @@ class Router:
             compute = max(1, num_prompt_tokens - cached * r.block_size)
             ttft = self.predict_ttft_s(r, compute)
             fits = compute <= r.free_kv_tokens
+            cold = r.loaded is not None and model not in r.loaded  # it loads the model first: seconds
             if interactive:
                 behind_background = idle_exists and self._live_background(r.replica_id) > 0
-                key: tuple[float, ...] = (not fits, behind_background, ttft, -cached, self._user_live(r, user))
+                key: tuple[float, ...] = (not fits, cold, behind_background, ttft, -cached, self._user_live(r, user))
             else:
-                key = (not fits, self.idle_score(r, class_name), ttft, self._user_live(r, user))
+                key = (not fits, cold, self.idle_score(r, class_name), ttft, self._user_live(r, user))
             scored.append((key, r.replica_id, ttft, cached))
         _, rid, ttft, cached = min(scored)
         return Placement(rid, ttft, cached)

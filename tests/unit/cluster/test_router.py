@@ -149,3 +149,16 @@ def test_each_users_requests_spread_over_equally_good_replicas() -> None:
         r.dispatched(rid, "chat", 40, [], user)
         placed[rid].append(user)
     assert sorted(placed["a"]) == sorted(placed["b"]) == ["alice", "alice", "bob", "bob"]
+
+
+def test_a_replica_that_serves_a_model_it_has_not_loaded_takes_requests_when_no_other_has_it() -> None:
+    """Replicas published only their loaded models: one whose on-demand model had left by keep_alive never got
+    a request for it again (all went to the front door, or a 503 with nothing else). It is a candidate now,
+    after every replica that has the model on its device."""
+    r = router()
+    warm, cold = replica("warm", loaded=(MODEL,)), replica("cold", loaded=())
+    load(r, "warm", "chat", 3)  # busier than the cold one, and still preferred: a load takes seconds
+    assert r.place("chat", MODEL, 40, (), [warm, cold]).replica_id == "warm"
+    assert r.place("chat", MODEL, 40, (), [cold]).replica_id == "cold"
+    with pytest.raises(NoReplicaError):
+        r.place("chat", "other", 40, (), [warm, cold])
