@@ -5,6 +5,7 @@ that left the engine one 16-token block, ``--device cuda`` on a CPU-only torch f
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def port(text: str) -> int:
@@ -46,23 +47,37 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def device_name(text: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``, whether or not this machine has it (a unit file or compose file for
+    another machine is parsed here too)."""
+    _parse_device(text)
+    return text
+
+
 def device(text: str) -> str:
     """``cpu``, ``cuda`` or ``cuda:N`` that this torch build and machine have."""
     import torch
 
-    try:
-        parsed = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"not a device: {text!r} (cpu, cuda, cuda:1 ...)") from None
+    parsed = _parse_device(text)
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise argparse.ArgumentTypeError(f"{text}: CUDA is not available (this torch build or this machine "
                                              "has no CUDA device)")
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA devices")
-    elif parsed.type != "cpu":
-        raise argparse.ArgumentTypeError(f"{text}: only cpu and cuda devices are served")
     return text
+
+
+def _parse_device(text: str) -> Any:
+    import torch
+
+    try:
+        parsed = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a device: {text!r} (cpu, cuda, cuda:1 ...)") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text}: only cpu and cuda devices are served")
+    return parsed
 
 
 def _float(text: str) -> float:

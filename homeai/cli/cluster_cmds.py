@@ -29,7 +29,8 @@ def add_cluster_commands(subparsers: Any) -> None:
     join.add_argument("--node-ip", default=None,
                       help="this machine's address on the LAN, which Ray binds to (default: the one that "
                            "reaches ADDRESS)")
-    join.add_argument("--device", type=arg_types.device, default="cpu", help="cpu, cuda:0, cuda:1 ...; default cpu")
+    join.add_argument("--device", type=arg_types.device_name, default="cpu",
+                      help="cpu, cuda:0, cuda:1 ...; default cpu")
     join.add_argument("--models", default="", help="comma-separated LLMs to serve (default: every LLM of the policy)")
     join.add_argument("--name", default=None, help="shown in `homeai nodes` and the TUI (default: the host name)")
     join.add_argument("--token-file", type=Path, default=None,
