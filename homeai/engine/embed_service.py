@@ -165,11 +165,7 @@ class EmbedService:
         with self._inbox_lock:
             posted, self._inbox = self._inbox, []
         failed = [it.payload for kind, _, items in posted if kind == "push" for it in items]
-        with self.batcher.lock:
-            for queue in self.batcher.embed_queues.values():
-                for item in list(queue):
-                    queue.cancel(item.request_id)
-                    failed.append(item.payload)
+        failed += [it.payload for it in self.batcher.take_all_embeddings()]
         self._deliver([(inp, EmbedBatchError(message)) for inp in failed if not inp.future.done()])
 
     @staticmethod

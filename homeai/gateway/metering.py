@@ -142,7 +142,7 @@ class Meter:
     def _end(self, sub: Submission, status: str, num_output_tokens: int) -> None:
         self._call("finished", sub.request_id, status, num_output_tokens)
         if status in ("rejected", "timeout"):
-            self._call("rejected", sub.class_name, "queue_full" if status == "rejected" else "timeout")
+            self.refused(sub.class_name, status)
 
     def _call(self, name: str, *args: object) -> None:
         if self.sink is None:

@@ -132,9 +132,12 @@ class Batcher:
             self.llm.apply_policy(policy)
 
     def _retire(self, name: str, queue: ClassQueue, reason: str) -> None:
-        for item in list(queue):
-            queue.cancel(item.request_id)
-            self._retired.append((name, item, reason))
+        self._retired += [(name, item, reason) for item in _take_all(queue)]
+
+    def take_all_embeddings(self) -> list[QueuedItem]:
+        """Every queued input of every class, out of its queue (the loop's last resort fails them)."""
+        with self.lock:
+            return [item for queue in self.embed_queues.values() for item in _take_all(queue)]
 
     def retired_embeddings(self) -> list[tuple[str, QueuedItem, str]]:
         """Inputs a policy swap took out of their queue, each once, with the reason (the caller fails them)."""
@@ -380,3 +383,10 @@ class Batcher:
             if self.llm is not None and (t := self.llm.next_wake_s(after)) is not None:
                 times.append(t)
         return min(times) if times else None
+
+
+def _take_all(queue: ClassQueue) -> list[QueuedItem]:
+    items = list(queue)
+    for item in items:
+        queue.cancel(item.request_id)
+    return items

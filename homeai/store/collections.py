@@ -185,10 +185,8 @@ class Collections:
             version = int(await session.scalar(
                 select(CollectionRow.version).where(CollectionRow.id == collection_id)) or 0)
             rows = (await session.execute(query)).all()
-        widths = {len(r[1]) for r in rows}
-        if dim is not None or len(widths) > 1:
-            width = 4 * dim if dim is not None else max(widths, key=lambda w: sum(len(r[1]) == w for r in rows))
-            rows = [r for r in rows if len(r[1]) == width]
+        if dim is not None:
+            rows = [r for r in rows if len(r[1]) == 4 * dim]
         texts = [r[0] for r in rows]
         documents = [r[2] for r in rows]
         if rows:

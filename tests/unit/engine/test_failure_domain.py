@@ -183,6 +183,17 @@ async def test_a_model_lookup_that_raises_answers_every_caller(tiny_model: Llama
                for it in items)  # nobody waits forever
 
 
+async def run_until_failing(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The device thread's own loop for FAILING_AFTER iterations; each failure is followed by an idle wait
+    (recorded, not slept: never a spin). Returns the waits."""
+    waits: list[float] = []
+    monkeypatch.setattr(rig.loop, "_idle_wait", lambda: waits.append(1.0))
+    monkeypatch.setattr(rig.loop._stop, "is_set", lambda: len(waits) >= FAILING_AFTER)
+    rig.loop._run()
+    await asyncio.sleep(0)  # the answers are delivered on the event loop
+    return waits
+
+
 async def test_a_loop_that_keeps_failing_outside_steps_ends_requests_and_is_not_ready(
         tiny_model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
     rig = Rig(tiny_model, asyncio.get_running_loop())
@@ -193,11 +204,7 @@ async def test_a_loop_that_keeps_failing_outside_steps_ends_requests_and_is_not_
         raise ValueError("planner bug")
 
     monkeypatch.setattr(rig.sched, "schedule", schedule_fails)
-    waits: list[float] = []
-    monkeypatch.setattr(rig.loop, "_idle_wait", lambda: waits.append(1.0))
-    monkeypatch.setattr(rig.loop._stop, "is_set", lambda: len(waits) >= FAILING_AFTER)
-    rig.loop._run()  # the device thread's own loop: each failure is followed by an idle wait, never a spin
-    await asyncio.sleep(0)
+    waits = await run_until_failing(rig, monkeypatch)
     assert len(waits) == FAILING_AFTER and rig.loop.health.failing
     deltas = await asyncio.wait_for(task, 1)
     assert deltas[-1].error is not None and "planner bug" in deltas[-1].error
@@ -221,11 +228,7 @@ async def test_a_loop_that_keeps_failing_answers_embedding_callers_and_rejected_
         raise ValueError("batcher bug")
 
     monkeypatch.setattr(rig.batcher, "take_next", take_next_fails)
-    waits: list[float] = []
-    monkeypatch.setattr(rig.loop, "_idle_wait", lambda: waits.append(1.0))
-    monkeypatch.setattr(rig.loop._stop, "is_set", lambda: len(waits) >= FAILING_AFTER)
-    rig.loop._run()
-    await asyncio.sleep(0)
+    await run_until_failing(rig, monkeypatch)
     assert rig.loop.health.failing
     deltas = await asyncio.wait_for(chat, 1)
     assert deltas[-1].error == "class 'chat' was removed by a policy change"
