@@ -176,22 +176,23 @@ async def test_an_index_run_resumed_while_it_stops_goes_on_to_the_end(store: Sto
     manager = JobManager(store, lambda: object(), batch_chunks=1)
     await manager.start()
     finish_run = store.jobs.finish_run
-    winding_down = asyncio.Event()
+    stopping, resumed = asyncio.Event(), asyncio.Event()
 
-    async def finish_later(*args: Any, **kwargs: Any) -> Any:
-        winding_down.set()  # the run has seen the stop; it writes its end after the resume
-        await asyncio.sleep(0.1)
-        return await finish_run(*args, **kwargs)
+    async def finish_after_the_resume(run_id: int, state: str, *args: Any, **kwargs: Any) -> Any:
+        if state == "paused":  # the run has seen the stop; it writes its end once the resume is in
+            stopping.set()
+            await resumed.wait()
+        return await finish_run(run_id, state, *args, **kwargs)
 
+    monkeypatch.setattr(store.jobs, "finish_run", finish_after_the_resume)  # before the run can stop
     try:
         job = await manager.add("index", {"path": str(folder), "collection": "c"}, None, "test")
         await await_until(lambda: manager._progress.get(job.id) is not None)
         assert await manager.pause(job.id)
-        monkeypatch.setattr(store.jobs, "finish_run", finish_later)
         gate.set()
-        await winding_down.wait()
+        await asyncio.wait_for(stopping.wait(), DEFAULT_TIMEOUT_S)
         assert await manager.resume(job.id) and job.id in manager._tasks
-        monkeypatch.setattr(store.jobs, "finish_run", finish_run)
+        resumed.set()
 
         async def done() -> bool:
             found = await store.jobs.get(job.id)
@@ -199,6 +200,7 @@ async def test_an_index_run_resumed_while_it_stops_goes_on_to_the_end(store: Sto
 
         await await_until(done)
     finally:
+        resumed.set()
         await manager.shutdown()
     cid = await store.collections.find("c")
     assert cid is not None and len(await store.collections.documents(cid)) == 10
