@@ -58,7 +58,7 @@ async def job_view(manager: JobManager, job: JobInfo, num_runs: int = 0) -> JobV
     runs = await manager.store.jobs.runs(job.id, limit=num_runs) if num_runs else []
     return JobView(
         id=job.id, kind=job.kind, state=job.state, spec=job.spec, schedule=job.schedule,
-        next_run_at=manager.next_run_at(job.id), progress=JobProgress(**manager.progress(job)), error=job.error,
+        next_run_at=await manager.next_run_at(job.id), progress=JobProgress(**manager.progress(job)), error=job.error,
         created_by=job.created_by, created_at=job.created_at.isoformat(), started_at=_iso(job.started_at),
         finished_at=_iso(job.finished_at),
         runs=[JobRunView(r.id, r.state, r.started_at.isoformat(), _iso(r.finished_at), r.num_done, r.output,

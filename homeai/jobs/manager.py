@@ -1,5 +1,11 @@
-"""The job manager: APScheduler (AsyncIOScheduler, persistent SQLAlchemy job store) fires schedules;
-each run is an asyncio task of this process that talks to the gateway like any client.
+"""The job manager: APScheduler (a BackgroundScheduler with a persistent SQLAlchemy job store) fires
+schedules; each run is an asyncio task of this process that talks to the gateway like any client.
+
+The scheduler runs on a thread of its own because its job store's SQL is blocking: on the event loop
+(AsyncIOScheduler) its write of a job's next run time waited for an aiosqlite transaction that needs the
+loop to commit, so every stream froze for SQLite's 15 s busy timeout, the write failed, and the scheduler
+never woke again (schedules silently stopped). On its thread it waits for the lock while the loop goes on;
+a schedule that fires hands the job to the loop.
 
 A job without a schedule runs at once. Runs are resumable: at start, jobs left "running" (the process
 died) and one-off jobs that never ran are started again, and an indexing run skips every file whose
@@ -19,7 +25,7 @@ from typing import Any
 
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.background import BackgroundScheduler
 
 from homeai.jobs.gateway_embedder import GatewayTextEmbedder
 from homeai.jobs.indexer import Indexer, IndexSpec
@@ -34,10 +40,15 @@ log = logging.getLogger(__name__)
 _current: JobManager | None = None  # the serving process's manager, for APScheduler's stored callable
 
 
-async def fire(job_id: int) -> None:
-    """What the persistent job store names (``homeai.jobs.manager:fire``): start a run of ``job_id``."""
-    if _current is not None:
-        _current.launch(job_id)
+def fire(job_id: int) -> None:
+    """What the persistent job store names (``homeai.jobs.manager:fire``): start a run of ``job_id`` on the
+    serving loop (called on the scheduler's executor thread)."""
+    manager = _current
+    if manager is not None and manager.loop is not None:
+        try:
+            manager.loop.call_soon_threadsafe(manager.launch, job_id)
+        except RuntimeError:  # the loop closed: the server is stopping, the schedule fires at the next start
+            log.info("job %d fired while the server stopped", job_id)
 
 
 def aps_id(job_id: int) -> str:
@@ -58,7 +69,8 @@ class JobManager:
         self.batch_chunks = batch_chunks
         self.misfire_grace_s = misfire_grace_s
         self.job_roots = job_roots  # the folders index jobs may read, checked at every run (None: any)
-        self.scheduler = AsyncIOScheduler(
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, where runs start
+        self.scheduler = BackgroundScheduler(
             jobstores={"default": job_store(store.sync_url)},
             job_defaults={"coalesce": True, "misfire_grace_time": misfire_grace_s, "max_instances": 1})
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -69,8 +81,9 @@ class JobManager:
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         global _current
+        self.loop = asyncio.get_running_loop()
         _current = self
-        self.scheduler.start()
+        await asyncio.to_thread(self.scheduler.start)  # reads its job store: blocking SQL, off the loop
         await self.recover()
 
     async def shutdown(self) -> None:
@@ -78,8 +91,8 @@ class JobManager:
         global _current
         if _current is self:
             _current = None
-        if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+        if self.scheduler.running:  # joins the scheduler's thread, which may be waiting for a lock: off the loop
+            await asyncio.to_thread(self.scheduler.shutdown, False)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -90,7 +103,7 @@ class JobManager:
         jobs = self.store.jobs
         await jobs.interrupt_stale_runs()
         for job in await jobs.all(states=["running", "queued"]):
-            if job.schedule and self.scheduler.get_job(aps_id(job.id)) is None and job.state == "queued":
+            if job.schedule and job.state == "queued" and await self._aps_job(job.id) is None:
                 try:
                     await self._schedule(job)
                 except ValueError as e:  # a one-time schedule that passed while the server was down
@@ -189,10 +202,14 @@ class JobManager:
                 "total_files": job.total_files, "phase": None, "chunks_per_s": 0.0,
                 "eta_s": 0.0 if job.state == "done" else None}
 
-    def next_run_at(self, job_id: int) -> str | None:
-        aps_job = self.scheduler.get_job(aps_id(job_id)) if self.scheduler.running else None
+    async def next_run_at(self, job_id: int) -> str | None:
+        aps_job = await self._aps_job(job_id) if self.scheduler.running else None
         when = getattr(aps_job, "next_run_time", None)
         return when.isoformat() if when is not None else None
+
+    async def _aps_job(self, job_id: int) -> Any:
+        """APScheduler's job for ``job_id`` (None: no schedule stored), read off the loop (blocking SQL)."""
+        return await asyncio.to_thread(self.scheduler.get_job, aps_id(job_id))
 
     # ---- runs ------------------------------------------------------------------------------------
     def launch(self, job_id: int, only_queued: bool = False) -> bool:

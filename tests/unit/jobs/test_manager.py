@@ -32,16 +32,16 @@ async def test_schedules_survive_a_restart(store: Store) -> None:
     first = JobManager(store, lambda: None)
     await first.start()
     job = await first.add("retention", {"days": 30}, "0 3 * * *", "test")
-    next_run = first.next_run_at(job.id)
+    next_run = await first.next_run_at(job.id)
     assert next_run is not None
     await first.shutdown()
     second = JobManager(store, lambda: None)
     await second.start()
     try:
         assert second.scheduler.get_job(aps_id(job.id)) is not None
-        assert second.next_run_at(job.id) == next_run
-        assert await second.pause(job.id) and second.next_run_at(job.id) is None
-        assert await second.resume(job.id) and second.next_run_at(job.id) == next_run
+        assert await second.next_run_at(job.id) == next_run
+        assert await second.pause(job.id) and await second.next_run_at(job.id) is None
+        assert await second.resume(job.id) and await second.next_run_at(job.id) == next_run
     finally:
         await second.shutdown()
 
@@ -249,3 +249,43 @@ async def test_a_one_time_job_whose_time_passed_before_it_ran_runs_or_says_why(s
     assert failed is not None and failed.state == "failed" and "passed while the server was not running" in (
         failed.error or "")
     assert await store.jobs.runs(missed.id) == []
+
+
+async def test_a_schedule_that_fires_while_a_write_holds_sqlite_neither_stalls_the_loop_nor_stops(
+        tmp_path: Path) -> None:
+    """APScheduler's job store writes each firing's next run time with a blocking driver. On the event loop
+    (AsyncIOScheduler) that write waited for an aiosqlite transaction which needs the loop to commit: every
+    stream froze for SQLite's 15 s busy timeout, the write failed, and the schedule never fired again."""
+    from homeai.store.db import sqlite_url
+
+    store = Store(sqlite_url(tmp_path / "home.db"))
+    await store.init()
+    manager = JobManager(store, lambda: object())
+    await manager.start()
+    lags: list[float] = []
+
+    async def watch_the_loop() -> None:
+        while True:
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.sleep(0.05)
+            lags.append(asyncio.get_running_loop().time() - t0 - 0.05)
+
+    watcher = asyncio.create_task(watch_the_loop())
+    try:
+        job = await manager.add("retention", {"days": 30}, "every 1s", "test")
+        assert store.sessions is not None
+        async with store.sessions() as session:  # a write transaction held across two firings
+            await session.execute(text("UPDATE jobs SET created_by = 'holder' WHERE id = :id"), {"id": job.id})
+            await asyncio.sleep(2.5)
+            await session.commit()
+        assert max(lags) < 1.0
+        held_runs = len(await store.jobs.runs(job.id, limit=1000))
+        await await_until(lambda: _more_runs(store, job.id, held_runs + 2))  # it goes on firing
+    finally:
+        watcher.cancel()
+        await manager.shutdown()
+        await store.close()
+
+
+async def _more_runs(store: Store, job_id: int, at_least: int) -> bool:
+    return len(await store.jobs.runs(job_id, limit=1000)) >= at_least
