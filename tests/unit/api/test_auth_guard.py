@@ -104,3 +104,13 @@ def test_json_depth_ignores_brackets_inside_strings() -> None:
     assert not too_deep(b'"' + b"[" * 1000 + b'"')
     assert too_deep(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1))
     assert not too_deep(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)
+
+
+def test_an_unterminated_string_ends_the_scan_in_one_pass() -> None:
+    """A malformed body whose last string never closes: what follows its quote is text, not brackets, and
+    the scan takes it once (requiring the closing quote made every quote a new start that scanned to the
+    end: ``["\"\"\"...`` of 80 KB held the event loop 20 s)."""
+    assert json_depth(b'{"a": ["' + b"[" * 100) == 2
+    assert json_depth(b'["abc\\') == 1  # ends in a lone backslash
+    body = b'{"model": "m", "messages": ' + b"[" * 65 + b'"' + b'\\"' * 30_000  # 90 KB: 25 s before, a millisecond now
+    assert json_depth(body) == 66
