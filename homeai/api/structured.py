@@ -49,14 +49,93 @@ def unenforced_keyword(schema: Any, at: str = "") -> str | None:
     return None
 
 
-def schema_constraint(schema: Any, field: str) -> Sourced:
-    if not isinstance(schema, dict | bool):
-        raise BadRequest("a JSON Schema must be an object", param=field)
+def endless_ref(schema: Any) -> str | None:
+    """The ``$ref`` of a schema that requires itself (a required property, a non-empty array's items, an
+    ``allOf`` member, ... that leads back to where it started), or None. No finite JSON matches such a
+    schema, and the grammar's forced text from it has no end: xgrammar built it until the server ran out
+    of memory (``{"properties": {"a": {"$ref": "#"}}, "required": ["a"]}``, 21 GB in a minute)."""
+    if not isinstance(schema, dict):
+        return None
+    state: dict[int, bool] = {}  # id of a subschema -> on the current path (True) or done (False)
+
+    def walk(node: Any) -> str | None:
+        if not isinstance(node, dict):
+            return None
+        key = id(node)
+        if state.get(key) is False:
+            return None
+        state[key] = True
+        for ref, child in _required_children(schema, node):
+            if isinstance(child, dict) and state.get(id(child)) is True:
+                return ref or "(a subschema that contains itself)"
+            found = walk(child)
+            if found is not None:
+                return found
+        state[key] = False
+        return None
+
+    return walk(schema)
+
+
+def _required_children(root: dict[str, Any], node: dict[str, Any]) -> list[tuple[str | None, Any]]:
+    """The subschemas every instance of ``node`` must also match (with the ``$ref`` that led there)."""
+    out: list[tuple[str | None, Any]] = []
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        out.append((ref, _resolve(root, ref)))
+    properties, required = node.get("properties"), node.get("required")
+    if isinstance(properties, dict) and isinstance(required, list):
+        out += [(None, properties[name]) for name in required if isinstance(name, str) and name in properties]
+    min_items = node.get("minItems", 0)
+    min_items = min_items if isinstance(min_items, int) else 0
+    if min_items >= 1 and isinstance(node.get("items"), dict):
+        out.append((None, node["items"]))
+    if isinstance(node.get("prefixItems"), list):
+        out += [(None, sub) for sub in node["prefixItems"][:min_items]]
+    if isinstance(node.get("allOf"), list):
+        out += [(None, sub) for sub in node["allOf"]]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list) and len(node[key]) == 1:
+            out.append((None, node[key][0]))
+    return out
+
+
+def _resolve(root: dict[str, Any], ref: str) -> Any:
+    """A local JSON pointer (``#``, ``#/$defs/node``) in ``root``; None for any other reference."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node: Any = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def check_schema(schema: Any, field: str) -> None:
+    """A 400 naming ``field`` for a schema the grammar cannot honour: a keyword it would drop, or a schema
+    that requires itself without end."""
     where = unenforced_keyword(schema)
     if where is not None:
         keyword = where.rpartition(".")[2]
         raise BadRequest(f"JSON Schema keyword {keyword!r} (at {where}) cannot be enforced while the answer is "
                          "generated; write the schema without it", param=field)
+    ref = endless_ref(schema)
+    if ref is not None:
+        raise BadRequest(f"the JSON Schema requires itself without end (through {ref}): no finite JSON "
+                         "matches it", param=field)
+
+
+def schema_constraint(schema: Any, field: str) -> Sourced:
+    if not isinstance(schema, dict | bool):
+        raise BadRequest("a JSON Schema must be an object", param=field)
+    check_schema(schema, field)
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True)), field
 
 

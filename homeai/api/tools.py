@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from homeai.api.errors import BadRequest
 from homeai.api.openai_schemas import EarlierCall, FunctionTool, ResponsesFunctionTool
+from homeai.api.structured import check_schema
 from homeai.core.types import Constraint, ConstraintKind
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -89,6 +90,9 @@ def parse_tools(tools: Sequence[FunctionTool | ResponsesFunctionTool] | None, fi
         if not fn.name or '"' in fn.name or "\\" in fn.name:
             raise BadRequest("a function tool needs a name (no quotes or backslashes)", param=where)
         params = fn.parameters or {"type": "object", "properties": {}}
+        # the call's arguments are generated under this schema as response_format's are: the same refusals
+        check_schema(params, f"{field_name}[{i}].function.parameters" if isinstance(tool, FunctionTool)
+                     else f"{field_name}[{i}].parameters")
         specs.append(ToolSpec(fn.name, fn.description or "", params))
     if len({s.name for s in specs}) != len(specs):
         raise BadRequest("two tools share a name", param=field_name)

@@ -13,9 +13,10 @@ import pytest
 
 from homeai.api.admission import LLMRequest, PromptFields, max_tokens_of
 from homeai.api.errors import BadRequest
-from homeai.api.openai_schemas import ResponseFormat
+from homeai.api.openai_schemas import FunctionTool, ResponseFormat
 from homeai.api.routing import HEADER_PRIORITY, check_priority
-from homeai.api.structured import ollama_format_constraint, response_format_constraint, unenforced_keyword
+from homeai.api.structured import endless_ref, ollama_format_constraint, response_format_constraint, unenforced_keyword
+from homeai.api.tools import parse_tools
 from homeai.core.block_manager import BlockManager
 from homeai.core.types import SamplingParams
 from homeai.gateway.gateway import Route
@@ -86,3 +87,48 @@ def test_schema_keywords_the_grammar_drops_are_refused() -> None:
     fine = {"type": "object", "properties": {"not": {"type": "string"}}, "enum": [{"not": 1}], "const": {"if": 2}}
     assert unenforced_keyword(fine) is None
     assert response_format_constraint(json_schema(fine))
+
+
+def test_a_schema_that_requires_itself_without_end_is_refused() -> None:
+    """No finite JSON matches such a schema, and the grammar's forced text from it never ends: xgrammar
+    built it until the server ran out of memory (21 GB in a minute). Recursion with a way out is fine."""
+    endless = [
+        {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+        {"$defs": {"node": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/node"}}},
+         "$ref": "#/$defs/node"},
+        {"$defs": {"x": {"allOf": [{"$ref": "#/$defs/y"}]}, "y": {"anyOf": [{"$ref": "#/$defs/x"}]}},
+         "$ref": "#/$defs/x"},
+    ]
+    for schema in endless:
+        with pytest.raises(BadRequest) as refused:
+            response_format_constraint(json_schema(schema))
+        assert refused.value.param == "response_format.json_schema.schema"
+        assert "requires itself" in refused.value.message
+        with pytest.raises(BadRequest) as refused:
+            ollama_format_constraint(schema)
+        assert refused.value.param == "format"
+    finite = [
+        {"type": "object", "properties": {"name": {"type": "string"},
+                                          "children": {"type": "array", "items": {"$ref": "#"}}}, "required": ["name"]},
+        {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["next"]},
+        {"type": "object", "properties": {"a": {"$ref": "#"}}},  # optional
+    ]
+    for schema in finite:
+        assert endless_ref(schema) is None
+        assert response_format_constraint(json_schema(schema))
+
+
+def test_tool_parameters_get_the_same_schema_refusals() -> None:
+    """A tool's arguments are generated under its parameters' schema: a keyword the grammar drops let a call
+    break its schema ({"not": {"enum": ["kitchen"]}} answered "kitchen"), an endless one took the server."""
+    def tools(parameters: dict[str, Any]) -> list[FunctionTool]:
+        return msgspec.convert([{"type": "function", "function": {"name": "HassTurnOn", "parameters": parameters}}],
+                               list[FunctionTool])
+
+    with pytest.raises(BadRequest) as refused:
+        parse_tools(tools({"type": "object", "properties": {"room": {"type": "string", "not": {"enum": ["kitchen"]}}}}))
+    assert refused.value.param == "tools[0].function.parameters" and "properties.room.not" in refused.value.message
+    with pytest.raises(BadRequest) as refused:
+        parse_tools(tools({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}))
+    assert refused.value.param == "tools[0].function.parameters"
+    assert parse_tools(tools({"type": "object", "properties": {"room": {"type": "string"}}}))[0].name == "HassTurnOn"
