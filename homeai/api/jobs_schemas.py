@@ -13,6 +13,7 @@ from homeai.jobs.schedules import parse_schedule
 
 JOB_KINDS = ("index", "prompt", "retention")
 MAX_SEARCH_K = 100
+MAX_SCHEDULE_CHARS = 128  # JobRow.schedule
 
 
 class JobCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -95,6 +96,8 @@ def _name(value: str | None, param: str) -> str:
         raise BadRequest(f"{param!r} is required", param=param)
     if len(value) > 128:
         raise BadRequest(f"{param!r} is at most 128 characters", param=param)
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):  # a NUL was a 500 on PostgreSQL
+        raise BadRequest(f"{param!r} must not contain control characters", param=param)
     return value.strip()
 
 
@@ -153,6 +156,8 @@ def job_spec(body: JobCreate, llm_classes: set[str], job_roots: tuple[Path, ...]
     if body.kind not in JOB_KINDS:
         raise BadRequest(f"'kind' must be one of {list(JOB_KINDS)}, got {body.kind!r}", param="kind")
     if body.schedule is not None:
+        if len(body.schedule) > MAX_SCHEDULE_CHARS:  # the column's width (a 500 on PostgreSQL before)
+            raise BadRequest(f"'schedule' is at most {MAX_SCHEDULE_CHARS} characters", param="schedule")
         try:
             parse_schedule(body.schedule)
         except ValueError as e:

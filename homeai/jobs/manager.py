@@ -147,11 +147,13 @@ class JobManager:
                                 id=aps_id(job.id), name=f"{job.kind} job {job.id}", replace_existing=True)
 
     async def pause(self, job_id: int) -> bool:
-        """Pause a job (False: it is done or failed and has no schedule left to pause)."""
+        """Pause a job (False: it is done or failed and has no schedule left to pause; a one-time schedule
+        that has fired has none either: paused and resumed, such a job stayed "queued" for good)."""
         job = await self.store.jobs.get(job_id)
+        recurring = job is not None and job.schedule is not None and one_time(job.schedule) is None
         if job is None or not await self.store.jobs.set_state(job_id, "paused",
                                                               only_from=["queued", "running", "paused"]
-                                                              + (["done", "failed"] if job.schedule else [])):
+                                                              + (["done", "failed"] if recurring else [])):
             return False
         self._stop.add(job_id)
         await self._aps(self.scheduler.pause_job, job_id)

@@ -26,15 +26,18 @@ def is_supported(path: Path) -> bool:
 
 
 def extract_text(path: Path, data: bytes) -> str:
-    """The text of a file whose content is ``data``; the suffix of ``path`` picks the parser."""
+    """The text of a file whose content is ``data``; the suffix of ``path`` picks the parser. NUL characters
+    are dropped: PostgreSQL's text cannot hold them, and one such file failed every run of its job."""
     suffix = path.suffix.lower()
     if suffix in HTML_SUFFIXES:
-        return html_text(decode(data))
-    if suffix in PDF_SUFFIXES:
-        return pdf_text(data)
-    if suffix in TEXT_SUFFIXES:
-        return decode(data)
-    raise ParseError(f"unsupported file type {suffix!r}")
+        text = html_text(decode(data))
+    elif suffix in PDF_SUFFIXES:
+        text = pdf_text(data)
+    elif suffix in TEXT_SUFFIXES:
+        text = decode(data)
+    else:
+        raise ParseError(f"unsupported file type {suffix!r}")
+    return text.replace("\x00", "")
 
 
 def decode(data: bytes) -> str:

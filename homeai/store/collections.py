@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from homeai.store.tables import ChunkRow, CollectionReaderRow, CollectionRow, DocumentRow, JobRow, utcnow
 
 EVERYONE = "*"  # in a readers list: every authenticated caller may search
+IN_BATCH = 1000  # values per IN (...) list: PostgreSQL's driver takes at most 32,767 parameters a statement
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,14 +164,19 @@ class Collections:
         """Drop documents (and their chunks) by path; returns how many went."""
         if not paths:
             return 0
-        async with self._sessions.begin() as session:
-            ids = list(await session.scalars(select(DocumentRow.id).where(
-                DocumentRow.collection_id == collection_id, DocumentRow.path.in_(list(paths)))))
-            if ids:
-                await session.execute(delete(ChunkRow).where(ChunkRow.document_id.in_(ids)))
-                await session.execute(delete(DocumentRow).where(DocumentRow.id.in_(ids)))
+        paths = list(paths)
+        removed = 0
+        async with self._sessions.begin() as session:  # one transaction, statements of at most IN_BATCH values:
+            for start in range(0, len(paths), IN_BATCH):  # PostgreSQL takes at most 32,767 parameters
+                ids = list(await session.scalars(select(DocumentRow.id).where(
+                    DocumentRow.collection_id == collection_id, DocumentRow.path.in_(paths[start:start + IN_BATCH]))))
+                if ids:
+                    await session.execute(delete(ChunkRow).where(ChunkRow.document_id.in_(ids)))
+                    await session.execute(delete(DocumentRow).where(DocumentRow.id.in_(ids)))
+                    removed += len(ids)
+            if removed:
                 await self._bump(session, collection_id)
-            return len(ids)
+            return removed
 
     async def vectors(self, collection_id: int, dim: int | None = None) -> CollectionVectors:
         """Texts, document paths and the vector matrix of every chunk, with the version they belong to;

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from homeai.store.tables import JobRow, JobRunRow, utcnow
 
 STATES = ("queued", "running", "paused", "done", "failed")
+KEPT_RUNS = 100  # runs kept per job (the API shows the last 5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +110,19 @@ class Jobs:
 
     # ---- runs ------------------------------------------------------------------------------------
     async def start_run(self, job_id: int) -> int:
+        """A new run; the job's runs before its last ``KEPT_RUNS`` go (but its last finished one, which a
+        prompt job's {new_documents} counts from): a schedule every minute added 525,000 rows a year."""
         async with self._sessions.begin() as session:
             row = JobRunRow(job_id=job_id, state="running", started_at=utcnow(), num_done=0)
             session.add(row)
             await session.flush()
+            oldest_kept = await session.scalar(select(JobRunRow.id).where(JobRunRow.job_id == job_id)
+                                               .order_by(JobRunRow.id.desc()).offset(KEPT_RUNS - 1).limit(1))
+            if oldest_kept is not None:
+                last_done = await session.scalar(select(func.max(JobRunRow.id)).where(
+                    JobRunRow.job_id == job_id, JobRunRow.state == "done"))
+                await session.execute(delete(JobRunRow).where(
+                    JobRunRow.job_id == job_id, JobRunRow.id < oldest_kept, JobRunRow.id != (last_done or -1)))
             return row.id
 
     async def finish_run(self, run_id: int, state: str, num_done: int = 0, output: str | None = None,

@@ -77,6 +77,8 @@ async def client(app: Litestar) -> AsyncIterator[AsyncTestClient[Litestar]]:
     ({"kind": "index", "path": "/", "collection": "c", "chunk_tokens": 4}, "chunk_tokens"),
     ({"kind": "index", "path": "/", "collection": "c", "overlap_tokens": 500}, "overlap_tokens"),
     ({"kind": "retention", "schedule": "whenever"}, "schedule"),
+    ({"kind": "retention", "schedule": ",".join(map(str, range(60))) + " * * * *"}, "schedule"),  # 177 chars
+    ({"kind": "index", "path": "/", "collection": "a\u0000b"}, "collection"),
     ({"kind": "retention", "days": 0}, "days"),
     ({"kind": "prompt"}, "prompt"),
     ({"kind": "prompt", "prompt": "hi", "class": "indexing"}, "class"),
@@ -135,7 +137,7 @@ async def test_search_errors(client: AsyncTestClient[Litestar]) -> None:
     r = await client.post("/v1/search", json={"collection": "nothing", "query": "cats"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "collection"
     for body, param in (({"collection": "c", "query": "x", "k": 0}, "k"), ({"collection": "c", "query": " "}, "query"),
-                        ({"query": "x"}, "collection")):
+                        ({"query": "x"}, "collection"), ({"collection": "a\u0000b", "query": "x"}, "collection")):
         r = await client.post("/v1/search", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 

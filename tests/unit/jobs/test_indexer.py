@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from indexing_helpers import FakeEmbedder, vector_of
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 from homeai.jobs.indexer import Indexer, IndexSpec, JobError
 from homeai.search.matrix_cache import SearchIndex
 from homeai.store.db import Store
-from homeai.store.tables import ChunkRow, DocumentRow
+from homeai.store.tables import ChunkRow, DocumentRow, utcnow
 
 SPEC_SIZE, SPEC_OVERLAP = 6, 2
 
@@ -204,3 +204,32 @@ async def test_a_new_embedding_model_indexes_every_file_again_and_search_reads_o
     outcome = await Indexer(store.collections, None, FakeEmbedder(dim=16)).run(spec(root, "c"))
     assert outcome.num_unchanged == 0 and await store.collections.vector_widths(cid) == {16}
     assert len(await index.search(cid, vector_of("a new document", 16), 10)) == len(await chunk_set(store, "c"))
+
+
+async def test_a_file_with_nul_bytes_is_indexed_and_the_files_after_it_too(store: Store, embedder: FakeEmbedder,
+                                                                           tmp_path: Path) -> None:
+    """PostgreSQL's text cannot hold NUL: one such file failed every run of its job, and the files after
+    it were never indexed. Its NULs are dropped (SQLite took them as they were)."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha words here")
+    (root / "b.txt").write_bytes(b"some text\x00with a nul byte")
+    (root / "c.txt").write_text("gamma words here")
+    outcome = await Indexer(store.collections, None, embedder).run(spec(root))
+    assert outcome.num_indexed == 3 and not outcome.failed
+    texts = " ".join(t for _, _, t in await chunk_set(store, "docs"))
+    assert "textwith" in texts and "\x00" not in texts
+
+
+async def test_removing_more_documents_than_one_statement_takes(store: Store) -> None:
+    """A moved folder of 40,000 files: PostgreSQL takes at most 32,767 parameters a statement, and the run
+    failed the same way every time."""
+    cid = await store.collections.ensure("big")
+    assert store.sessions is not None
+    async with store.sessions.begin() as session:
+        await session.execute(insert(DocumentRow), [
+            {"collection_id": cid, "path": f"f{i:05d}.txt", "sha256": "0" * 64, "mtime": 0.0, "num_chunks": 0,
+             "indexed_at": utcnow()} for i in range(40_000)])
+    assert await store.collections.remove_documents(cid, [f"f{i:05d}.txt" for i in range(40_000)] + ["gone"]) \
+        == 40_000
+    assert await num_rows(store, DocumentRow) == 0

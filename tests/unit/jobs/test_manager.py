@@ -289,3 +289,39 @@ async def test_a_schedule_that_fires_while_a_write_holds_sqlite_neither_stalls_t
 
 async def _more_runs(store: Store, job_id: int, at_least: int) -> bool:
     return len(await store.jobs.runs(job_id, limit=1000)) >= at_least
+
+
+async def test_a_one_time_job_that_has_run_cannot_be_paused(store: Store) -> None:
+    """Its schedule fired and is gone: paused and resumed, it stayed "queued" for good (and after a restart
+    was reported failed, its time passed)."""
+    manager = JobManager(store, lambda: object())
+    await manager.start()
+    try:
+        job = await manager.add("retention", {"days": 30}, (datetime.now() + timedelta(seconds=1)).isoformat(),
+                                "test")
+        await await_until(lambda: _state_is(store, job.id, "done"))
+        assert not await manager.pause(job.id)
+        found = await store.jobs.get(job.id)
+        assert found is not None and found.state == "done"
+    finally:
+        await manager.shutdown()
+
+
+async def _state_is(store: Store, job_id: int, state: str) -> bool:
+    job = await store.jobs.get(job_id)
+    return job is not None and job.state == state
+
+
+async def test_a_job_keeps_its_last_runs_and_its_last_finished_one(store: Store) -> None:
+    """Every firing added a run row, kept for ever (a schedule every minute: 525,000 rows a year)."""
+    from homeai.store.jobs import KEPT_RUNS
+
+    job = await store.jobs.create("prompt", {"prompt": "hi"}, "every 1m", "test")
+    first = await store.jobs.start_run(job.id)
+    await store.jobs.finish_run(first, "done")
+    for _ in range(KEPT_RUNS + 20):
+        await store.jobs.finish_run(await store.jobs.start_run(job.id), "failed", error="boom")
+    runs = await store.jobs.runs(job.id, limit=10_000)
+    assert len(runs) == KEPT_RUNS + 1 and runs[-1].id == first  # the last finished one stays
+    last = await store.jobs.last_finished_run(job.id)
+    assert last is not None and last.id == first
