@@ -112,7 +112,7 @@ class EmbedService:
 
     def apply_inbox(self) -> None:
         """Device thread: queue posted requests (all inputs of one, or none of them if its queue is
-        full: the caller gets QueueFullError) and drop cancelled ones, in posting order."""
+        full for its first: the caller gets QueueFullError) and drop cancelled ones, in posting order."""
         with self._inbox_lock:
             posted, self._inbox = self._inbox, []
         for kind, class_name, items in posted:
@@ -123,7 +123,7 @@ class EmbedService:
             pushed: list[QueuedItem] = []
             try:
                 for it in items:
-                    self.batcher.push_embedding(class_name, it)
+                    self.batcher.push_embedding(class_name, it, follows=bool(pushed))
                     pushed.append(it)
             except Exception as exc:  # QueueFullError, an unknown class: the whole request fails
                 for it in pushed:

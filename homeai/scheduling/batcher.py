@@ -63,6 +63,10 @@ ITL_SLACK_FRACTION = 0.95  # use at most this much of the tightest ITL target fo
 SHARE_BURST_S = 1.0  # a background class's share credit holds at most this long at its share's rate
 # A small sentence encoder on a CPU (the simulator's cpu-135m figures) until measured batches refit it.
 DEFAULT_EMBED_COST = (0.004, 0.00015)  # (base_s, per_token_s)
+# An embedding request is queued when its first input finds room under max_queue_size, and brings all of
+# its inputs (an OpenAI request may carry 2,048; counted one by one, a request with more inputs than the
+# queue holds got a 429 that no retry could ever pass).
+FOLLOWER_ALLOWANCE = 2**31
 
 
 @dataclass(slots=True)
@@ -145,8 +149,10 @@ class Batcher:
             out, self._retired = self._retired, []
             return out
 
-    def push_embedding(self, class_name: str, item: QueuedItem, now: float | None = None) -> None:
-        """Queue one embedding input; raises QueueFullError at once when the class queue is full."""
+    def push_embedding(self, class_name: str, item: QueuedItem, now: float | None = None,
+                       follows: bool = False) -> None:
+        """Queue one embedding input; raises QueueFullError at once when the class queue is full.
+        ``follows``: a later input of a request whose first one was queued, admitted past the limit."""
         with self.lock:
             queue = self.embed_queues.get(class_name)
             if queue is None:  # a request routed just before a swap took its class away: a 400 naming it
@@ -154,7 +160,7 @@ class Batcher:
             now = self.clock.now() if now is None else now
             # Timed-out inputs make room first; they are answered by the next expire_embeddings().
             self._expired += [(class_name, it) for it in queue.expire(now)]
-            queue.push(item, now)
+            queue.push(item, now, num_free_slots=FOLLOWER_ALLOWANCE if follows else 0)
             if not queue.policy.background:
                 self._last_interactive_embed_s = now
 

@@ -309,3 +309,29 @@ class OwnershipMachine(RuleBasedStateMachine):
 
 TestOwnershipMachine = OwnershipMachine.TestCase
 TestOwnershipMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+
+
+async def test_a_request_with_more_inputs_than_its_queue_holds_is_embedded() -> None:
+    """A request is queued when its first input finds room, and brings all its inputs: counted input by
+    input, a request of 6 inputs to a queue of 5 got a 429 on an idle device however often it retried.
+    While its inputs fill the queue, other requests still get the 429."""
+    clock = VirtualClock()
+    batcher = Batcher(make_policy(64, 6, 4, 0), None, clock)  # search: max_queue_size 5, batches of 4
+    service = EmbedService(batcher, {"e": FakeEncoder(clock)})  # type: ignore[dict-item]
+    loop = DeviceLoop(llm=None, batcher=batcher, embed=service)
+
+    async def serve(*requests: asyncio.Future[object]) -> list[str]:
+        await asyncio.sleep(0)
+        for _ in range(40):
+            loop.run_once()
+            clock.advance(0.01)
+            await asyncio.sleep(0)
+        return [type(r.exception()).__name__ if r.exception() else "ok" for r in requests]
+
+    big = asyncio.ensure_future(service.embed("search", [[1, 2, 3]] * 6))
+    await asyncio.sleep(0)
+    loop.apply_inbox()
+    other = asyncio.ensure_future(service.embed("search", [[4, 5]]))
+    assert await serve(big, other) == ["ok", "QueueFullError"]
+    assert big.result().vectors.shape == (6, 4)
+    assert await serve(asyncio.ensure_future(service.embed("search", [[4, 5]]))) == ["ok"]
