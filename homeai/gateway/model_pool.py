@@ -69,9 +69,15 @@ class Residency:
     def holds_memory(self) -> bool:
         return self.state != "unloaded"
 
+    @property
+    def pinned(self) -> bool:
+        """Pinned by the policy that names it (a model the new policy dropped is not: it kept its old settings,
+        and a pinned one stayed on the device for good, counted against the memory budget)."""
+        return self.policy.pinned and not self.retired
+
     def expires_s(self) -> float | None:
         """When it leaves if nothing uses it meanwhile (monotonic); None: it stays."""
-        if self.policy.pinned or (self.keep_alive_s is None and not self.retired):
+        if self.pinned or (self.keep_alive_s is None and not self.retired):
             return None
         return self.used_s + (0.0 if self.retired else self.keep_alive_s or 0.0)
 
@@ -209,7 +215,7 @@ class ModelPool:
             f"(pinned or serving requests), which stay"))
 
     def _evictable(self, r: Residency, now: float) -> bool:
-        return r.state == "loaded" and not r.policy.pinned and r.leases == 0 and r.waiting == 0 \
+        return r.state == "loaded" and not r.pinned and r.leases == 0 and r.waiting == 0 \
             and now - r.used_s >= UNLOAD_GRACE_S and (r.engine is None or r.engine.is_idle())
 
     def _load(self, res: Residency, victims: list[Residency]) -> None:
@@ -238,7 +244,7 @@ class ModelPool:
             res.num_loads += 1
             res.used_s = self.clock()
         log.info("model %s loaded in %.2f s (%.0f MB weights, %.0f MB KV cache; keep_alive %s)", res.name, load_s,
-                 weights / MB, kv / MB, "pinned" if res.policy.pinned else describe_keep_alive(res.keep_alive_s))
+                 weights / MB, kv / MB, "pinned" if res.pinned else describe_keep_alive(res.keep_alive_s))
         future.set_result(engine)
         self._wake.set()
 
@@ -283,13 +289,16 @@ class ModelPool:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
-            now = self.clock()
-            for res in self._expired(now):
-                try:
-                    self._unload(res)
-                except Exception:  # noqa: BLE001 - the thread must go on; the model stays loaded
-                    log.exception("unloading model %s failed", res.name)
-            wait = self._next_expiry(self.clock())
+            wait: float | None = IDLE_CHECK_S
+            try:  # the thread must go on whatever fails: no model would ever leave again
+                for res in self._expired(self.clock()):
+                    try:
+                        self._unload(res)
+                    except Exception:  # noqa: BLE001 - the model stays loaded
+                        log.exception("unloading model %s failed", res.name)
+                wait = self._next_expiry(self.clock())
+            except Exception:  # noqa: BLE001 - e.g. an engine's is_idle() during a policy swap
+                log.exception("checking which models to unload failed; checking again in %.0f s", IDLE_CHECK_S)
             self._wake.wait(IDLE_CHECK_S if wait is None else max(0.0, min(IDLE_CHECK_S, wait)))
 
     def _expired(self, now: float) -> list[Residency]:
@@ -315,11 +324,11 @@ class ModelPool:
             for name, r in self.models.items():
                 expires = r.expires_s()
                 out[name] = {
-                    "state": r.state, "loaded": r.state == "loaded", "pinned": r.policy.pinned,
+                    "state": r.state, "loaded": r.state == "loaded", "pinned": r.pinned,
                     "load": r.policy.load, "resident_bytes": r.weights_bytes + r.kv_bytes if r.state == "loaded" else 0,
                     "weights_bytes": r.weights_bytes, "kv_cache_bytes": r.kv_bytes, "estimate_bytes": r.estimate_bytes,
                     "load_s": r.load_s, "loaded_at": r.loaded_at, "num_loads": r.num_loads, "requests": r.leases,
-                    "waiting_for_load": r.waiting, "keep_alive": "pinned" if r.policy.pinned else
+                    "waiting_for_load": r.waiting, "keep_alive": "pinned" if r.pinned else
                     describe_keep_alive(r.keep_alive_s),
                     # while requests stream, it expires keep_alive after the last one ends (not before now)
                     "expires_at": None if expires is None else wall + max(0.0, expires - now)

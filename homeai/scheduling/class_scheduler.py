@@ -224,7 +224,8 @@ class ClassScheduler(StepScheduler):
         return len(self.running)
 
     def has_work(self) -> bool:
-        return bool(self.running) or any(len(c.queue) for c in self.classes.values()) or bool(self.rejected)
+        # a snapshot of the classes: other threads ask (the residency thread), a policy swap may change them
+        return bool(self.running) or any(len(c.queue) for c in list(self.classes.values())) or bool(self.rejected)
 
     def add(self, seq: Sequence, now: float | None = None) -> None:
         """Queue a sequence in its class; raises QueueFullError at once when its level is full.

@@ -190,3 +190,16 @@ def test_keep_alive_0_from_a_request_keeps_the_model_until_that_request_has_it(r
     assert r.pool._expired(r.now) == [] and r.pool.snapshot()["chat"]["loaded"]
     r.later(UNLOAD_GRACE_S)  # that request never took its lease (it failed validation, say): now it goes
     wait_until(lambda: r.freed == ["chat"], what="chat unloaded once the grace passed")
+
+
+def test_a_pinned_model_a_new_policy_drops_leaves_once_idle(rig: Any) -> None:
+    """The dropped model kept its old settings, pinned among them: it never left the device and counted
+    against the memory budget for good."""
+    r = rig(None)
+    r.pool.load_now(r.configure(policy({"voice": {"pinned": True}, "chat": {}})))
+    assert r.on_device.keys() == {"voice", "chat"}
+    r.configure(policy({"chat": {}}))
+    assert not r.pool.snapshot()["voice"]["pinned"]
+    r.later(UNLOAD_GRACE_S)
+    wait_until(lambda: r.freed == ["voice"], what="voice unloaded once idle")
+    assert r.on_device.keys() == {"chat"}
