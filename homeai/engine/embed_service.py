@@ -53,6 +53,7 @@ class EmbedInput:
     token_ids: list[int]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[np.ndarray]
+    model: str | None = None  # the encoder whose tokenizer made token_ids (None: any, e.g. a test's ids)
 
 
 @dataclass(slots=True)
@@ -83,12 +84,14 @@ class EmbedService:
 
     async def embed(self, class_name: str, inputs: list[str] | list[list[int]], user: str = "default",
                     priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
-        embedder = self.model_for(class_name, self.batcher.policy)
+        policy = self.batcher.policy
+        embedder = self.model_for(class_name, policy)
         rows = token_rows(embedder, inputs)
         loop = asyncio.get_running_loop()
+        model = policy.classes[class_name].model
         items = [QueuedItem(f"emb-{next(self._ids)}", user, priority_level=priority_level,
                             timeout_override_us=timeout_us, cost=len(row),
-                            payload=EmbedInput(row, loop, loop.create_future())) for row in rows]
+                            payload=EmbedInput(row, loop, loop.create_future(), model)) for row in rows]
         self.submit(class_name, items)
         try:
             vectors = await asyncio.gather(*(it.payload.future for it in items))  # QueueFullError -> 429
@@ -122,6 +125,10 @@ class EmbedService:
                 continue
             pushed: list[QueuedItem] = []
             try:
+                now_on = self._moved(class_name, items[0].payload.model)
+                if now_on is not None:  # tokenized for the encoder the class left while the request was posted
+                    raise QueueTimeoutError(f"class {class_name!r} now runs on model {now_on!r}, "
+                                            f"not {items[0].payload.model!r}")
                 for it in items:
                     self.batcher.push_embedding(class_name, it, follows=bool(pushed))
                     pushed.append(it)
@@ -131,6 +138,11 @@ class EmbedService:
                 # The caller's gather raises the first error; the other inputs are cancelled, so no
                 # future is left holding an exception nobody retrieves.
                 self._deliver([(items[0].payload, exc), *((it.payload, _CANCEL) for it in items[1:])])
+
+    def _moved(self, class_name: str, model: str | None) -> str | None:
+        """The encoder ``class_name`` runs on now, where it is not ``model`` (None: the same, or unknown)."""
+        cp = self.batcher.policy.classes.get(class_name)
+        return cp.model if cp is not None and model is not None and cp.model != model else None
 
     def run(self, work: EmbedWork) -> None:
         """Device thread: embed one batch and hand each vector to its waiting request. A failure fails

@@ -75,3 +75,16 @@ async def test_moving_an_embedding_class_to_another_encoder_fails_what_was_token
     await asyncio.sleep(0)
     assert all(it.payload.future.done() and it.payload.future.exception() is None for it in after)
     assert not rig.embed.health.failing
+
+
+async def test_an_input_posted_before_the_class_moved_is_not_embedded_by_the_new_encoder() -> None:
+    """Tokenized for 'e' and still in the inbox when the class moved to 'e2': it was pushed after the swap
+    and embedded by 'e2' with 'e''s token ids (wrong vectors in the index, no error)."""
+    rig = Rig(parse_policy(policy("e"), source="before"), asyncio.get_running_loop())
+    rig.embed.embedders["e2"] = FakeEncoder(rig.clock)  # type: ignore[assignment]
+    aloop = asyncio.get_running_loop()
+    posted = QueuedItem("p0", "indexer", payload=EmbedInput([1, 2, 3], aloop, aloop.create_future(), "e"))
+    rig.embed.submit("indexing", [posted])
+    await swap_and_run(rig, policy("e2"))
+    error = posted.payload.future.exception()
+    assert isinstance(error, QueueTimeoutError) and str(error) == "class 'indexing' now runs on model 'e2', not 'e'"
