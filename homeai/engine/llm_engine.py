@@ -181,21 +181,26 @@ class LLMEngine:
         with self._inbox_lock:
             items, self._inbox = self._inbox, []
         deltas = []
-        for kind, item in items:
-            if kind == "add":
-                try:
-                    self.scheduler.add(item)
-                except Exception as exc:  # QueueFullError (429), an unknown class (400): the caller raises it
-                    self.streams.fail(item.request_id, exc)
-            elif kind == "counters" and isinstance(self.scheduler, ClassScheduler):
-                self.scheduler.share_counters(item)
-            elif kind == "abort":
-                seq = self.scheduler.abort(item)
-                if seq is not None:
-                    self.runner.release(seq.seq_id)
-                    deltas.append(self._delta(seq))
-        if deltas:
-            self.streams.publish(deltas)
+        try:
+            for kind, item in items:  # each item alone: one that raises must not lose the others (adds
+                try:  # whose callers would wait for ever)
+                    if kind == "add":
+                        try:
+                            self.scheduler.add(item)
+                        except Exception as exc:  # QueueFullError (429), an unknown class (400): the caller raises it
+                            self.streams.fail(item.request_id, exc)
+                    elif kind == "counters" and isinstance(self.scheduler, ClassScheduler):
+                        self.scheduler.share_counters(item)
+                    elif kind == "abort":
+                        seq = self.scheduler.abort(item)
+                        if seq is not None:
+                            self.runner.release(seq.seq_id)
+                            deltas.append(self._delta(seq))
+                except Exception:  # noqa: BLE001 - logged; the loop counts failures of its own
+                    log.exception("applying a posted %s failed", kind)
+        finally:
+            if deltas:
+                self.streams.publish(deltas)
         for kind, item in items:
             if kind == "fail_all":
                 self._fail_all(item)
@@ -292,9 +297,21 @@ class LLMEngine:
     def _fail_all(self, message: str) -> None:
         # Requests the scheduler already rejected (a queue timeout, a retired class) are published by a step,
         # and none may run: they end now with their own reason.
-        deltas = [self._delta(seq) for seq in self._rejected()]
-        deltas += [self._end_with_error(seq, message) for seq in list(self.scheduler.seqs.values())]
-        self.streams.publish(deltas)
+        # Each sequence alone, and what was ended is published whatever fails: before, one sequence whose
+        # ending raised left the ones ended before it out of the scheduler with no answer (streams open for
+        # good). Its own stream gets the error as an exception.
+        deltas: list[TokenDelta] = []
+        try:
+            for seq in self._rejected():
+                deltas.append(self._delta(seq))
+            for seq in list(self.scheduler.seqs.values()):
+                try:
+                    deltas.append(self._end_with_error(seq, message))
+                except Exception as exc:  # noqa: BLE001 - this request still gets an answer
+                    log.exception("ending request %s failed", seq.request_id)
+                    self.streams.fail(seq.request_id, RuntimeError(f"{message} (and ending it failed: {exc})"))
+        finally:
+            self.streams.publish(deltas)
 
     def is_idle(self) -> bool:
         with self._inbox_lock:

@@ -275,3 +275,27 @@ async def test_a_failed_step_that_copied_a_cached_prefix_leaves_the_cache_whole(
     again = await serve(rig, "again", diverging)
     assert again[-1].error is None
     assert [t for d in again for t in d.token_ids] == [t for d in cold for t in d.token_ids]
+
+
+async def test_the_last_resort_answers_every_stream_even_when_ending_one_raises(tiny_model: LlamaModel) -> None:
+    """fail_all ended the sequences in one comprehension and published after it: when ending one raised,
+    those ended before it were out of the scheduler with no answer, their streams open for good."""
+    rig = Rig(tiny_model, asyncio.get_running_loop())
+    tasks = [asyncio.ensure_future(collect(rig.engine.generate([3, 4, 5], params(50), f"r{i}", class_name="chat",
+                                                                user="ann"))) for i in range(3)]
+    await asyncio.sleep(0)
+    rig.run(3)
+    assert len(rig.sched.seqs) == 3
+    release, broken = rig.runner.release, max(s.seq_id for s in rig.sched.seqs.values())
+
+    def release_fails(seq_id: int) -> None:
+        if seq_id == broken:
+            raise RuntimeError("matcher state corrupt")
+        release(seq_id)
+
+    rig.runner.release = release_fails  # type: ignore[method-assign]
+    rig.engine.fail_all("engine error: loop broken")
+    done, _ = await asyncio.wait(tasks, timeout=5)
+    assert len(done) == 3
+    outcomes = sorted("raised" if t.exception() else t.result()[-1].error or "" for t in tasks)
+    assert outcomes == ["engine error: loop broken", "engine error: loop broken", "raised"]
