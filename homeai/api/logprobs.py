@@ -6,6 +6,7 @@ probability 0, sent as OpenAI does as -9999.0 (JSON has no -Infinity).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -22,19 +23,45 @@ def _text(tokenizer: Any, token_id: int) -> str:
     return tokenizer.decode([token_id])
 
 
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    """The token's own bytes: a byte-level BPE token (GPT-2's, SmolLM2's, Llama 3's) may hold part of a
+    character (an emoji is three tokens), whose decoded text alone is U+FFFD; its bytes are what a client
+    joins to rebuild the character. Other vocabularies: the UTF-8 of its decoded text."""
+    piece = tokenizer.convert_ids_to_tokens(token_id) if hasattr(tokenizer, "convert_ids_to_tokens") else None
+    decoder = _byte_decoder()
+    if isinstance(piece, str) and piece and all(c in decoder for c in piece):
+        return bytes(decoder[c] for c in piece)
+    return _text(tokenizer, token_id).encode()
+
+
+def _content(items: list[TokenLogprob], tokenizer: Any) -> list[TokenLogprob]:
+    """The entries of tokens that are in the content: not the end token (or any special token, which the
+    detokenizer leaves out of the text), as OpenAI leaves it out."""
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    return [i for i in items if i.token_id not in special]
+
+
 def chat_logprobs(items: list[TokenLogprob], tokenizer: Any) -> dict[str, Any]:
     """``choice.logprobs`` of a chat completion (or of one streamed chunk)."""
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = _text(tokenizer, token_id)
-        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+        return {"token": _text(tokenizer, token_id), "logprob": _finite(logprob),
+                "bytes": list(token_bytes(tokenizer, token_id))}
 
     return {"content": [entry(i.token_id, i.logprob) | {"top_logprobs": [entry(t, lp) for t, lp in i.top]}
-                        for i in items], "refusal": None}
+                        for i in _content(items, tokenizer)], "refusal": None}
 
 
 def completion_logprobs(items: list[TokenLogprob], tokenizer: Any, offset: int = 0) -> dict[str, Any]:
     """``choice.logprobs`` of a text completion: tokens, their logprobs, top alternatives, text offsets."""
     tokens, offsets = [], []
+    items = _content(items, tokenizer)
     for item in items:
         offsets.append(offset)
         text = _text(tokenizer, item.token_id)

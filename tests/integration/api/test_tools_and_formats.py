@@ -181,6 +181,26 @@ def test_logprobs_are_log_softmax_of_the_model_logits(client: OpenAI, pulled_mod
     assert "".join(lp.tokens or []) == done.choices[0].text
 
 
+def test_logprobs_bytes_rebuild_the_content_and_leave_out_the_end(client: OpenAI) -> None:
+    """An emoji is three byte-level tokens, each decoded alone to U+FFFD: ``bytes`` held the replacement
+    character's UTF-8 three times, not the emoji's, and the end token was listed as a fourth entry that the
+    content does not hold (OpenAI leaves it out)."""
+    house: Any = {"type": "json_schema", "json_schema": {"name": "h", "schema": {"enum": ["\U0001f3e0"]}}}
+    for stream in (False, True):
+        kwargs: dict[str, Any] = {"model": LLM, "messages": [{"role": "user", "content": "A house."}],
+                                  "temperature": 0, "max_tokens": 16, "logprobs": True, "response_format": house}
+        if stream:
+            chunks = [c for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            entries = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+        else:
+            answer = client.chat.completions.create(**kwargs).choices[0]
+            content, entries = answer.message.content or "", answer.logprobs.content or []  # type: ignore[union-attr]
+        assert content == '"\U0001f3e0"'
+        assert b"".join(bytes(e.bytes or []) for e in entries) == content.encode(), stream
+        assert "<|im_end|>" not in [e.token for e in entries]
+
+
 def test_responses_text_format_and_streamed_logprobs(client: OpenAI) -> None:
     room: Any = {"format": {"type": "json_schema", "name": "room", "schema": ROOM, "strict": True}}
     answer = client.responses.create(model=LLM, input="Describe the kitchen lights as JSON.", text=room,
