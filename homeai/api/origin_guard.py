@@ -195,8 +195,11 @@ class WebOrigins:
         if port is None:
             return False
         if host_header.strip():  # same origin: the page was served by the host this request names
+            # A Host without a port names the default port of the page's scheme (it stood for "any port":
+            # with the server behind a proxy on port 80, a page on localhost:3000 passed for same-origin).
             host = host_header.strip().lower()
-            if name == host_name(host) and port == _port_of(host, port) and self.host_allowed(host_header):
+            if name == host_name(host) and port == _port_of(host, _DEFAULT_PORTS[scheme]) \
+                    and self.host_allowed(host_header):
                 return True
         return port == self.port and self.is_own_host(name)
 

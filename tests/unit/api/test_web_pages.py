@@ -161,6 +161,16 @@ def test_same_origin_and_configured_origins() -> None:
     assert WebOrigins(origins=("*",)).origin_allowed("https://anything.example")
 
 
+def test_a_host_without_a_port_is_the_default_port_not_any_port() -> None:
+    """Behind a proxy on port 80 the Host header has no port; it stood for "any port", so a page on another
+    port of the same name passed for the server's own and could drive it."""
+    web = WebOrigins("127.0.0.1", 8000)
+    assert web.origin_allowed("http://localhost", "localhost")  # the page the proxy serves
+    assert web.origin_allowed("https://localhost", "localhost")  # through a TLS proxy on 443
+    for other in ("http://localhost:3000", "https://localhost:5173", "http://localhost:443"):
+        assert not web.origin_allowed(other, "localhost"), other
+
+
 async def test_cors_preflight(client: AsyncTestClient[Any]) -> None:
     ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type",
            "User-Agent": UA, "Sec-Fetch-Mode": "cors"}
