@@ -31,6 +31,9 @@ DEFAULT_ARRIVAL_STEP_FRACTION = 0.1
 DEFAULT_MEMORY_FRACTION = 0.8
 
 
+# Class priorities: background classes rank after every interactive one (scheduler rank priority + 1000), so
+# an interactive class's number must stay below that (1500 made chat rank after a background class).
+MAX_PRIORITY = 999
 MAX_PRIORITY_LEVELS = 100  # each level is a queue of its own: a million took seconds and gigabytes to build
 
 class _Strict(BaseModel):
@@ -86,7 +89,8 @@ class ClassPolicy(_Strict):
 
     kind: Kind
     model: str = Field(min_length=1, description="a model name in the model repository")
-    priority: int = Field(1, ge=0, description="among classes; 0 is the most important (as in Triton)")
+    priority: int = Field(1, ge=0, le=MAX_PRIORITY, description="among classes; 0 is the most important (as in "
+                          "Triton); background classes rank after every interactive one whatever their number")
     background: bool = Field(False, description="only fills idle capacity (plus min_share)")
     # Triton dynamic batching
     max_batch_size: int = Field(8, ge=1)
@@ -129,6 +133,9 @@ class ClassPolicy(_Strict):
     @model_validator(mode="after")
     def _check(self) -> ClassPolicy:
         problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        if self.min_share > 0 and not self.background:  # it was accepted and ignored: the class starved
+            problems.append((("min_share",), "only a background class has a min_share (interactive classes are "
+                             "served by priority; set background: true, or a lower priority number)", self.min_share))
         for i, size in enumerate(self.preferred_batch_size):
             if size > self.max_batch_size:
                 msg = f"preferred size {size} exceeds max_batch_size {self.max_batch_size}"

@@ -153,7 +153,10 @@ class ShareGuard:
 
 
 def share_slots(state: LLMClassState, max_num_seqs: int) -> int:
-    return int(state.policy.min_share * max_num_seqs) if state.policy.background else 0
+    """Sequence slots a background class's min_share keeps: at least one (0.05 of 16 slots rounded down to
+    none, and the class never ran while interactive work kept every slot busy)."""
+    share = state.policy.min_share
+    return max(1, int(share * max_num_seqs)) if state.policy.background and share > 0 else 0
 
 
 def share_protected(classes: Iterable[LLMClassState], running: list[Sequence], bm: BlockManager,

@@ -143,10 +143,19 @@ def test_preferred_batch_size_on_an_llm_class_is_refused_with_the_reason() -> No
 
 def test_min_share_over_all_classes_must_not_exceed_one() -> None:
     text = (
-        "classes:\n  a: {kind: llm, model: m, min_share: 0.7}\n"
-        "  b: {kind: embedding, model: e, min_share: 0.6}\n"
+        "classes:\n  a: {kind: llm, model: m, background: true, min_share: 0.7}\n"
+        "  b: {kind: embedding, model: e, background: true, min_share: 0.6}\n"
     )
     assert "adds up to 1.3 > 1" in errors_of(text)["classes"]
+
+
+def test_min_share_belongs_to_background_classes_and_priorities_stay_below_the_background_rank() -> None:
+    """An interactive class's min_share was accepted and ignored (chat starved behind voice), and priority
+    1500 ranked an interactive class after every background one (scheduler rank = priority + 1000)."""
+    errs = errors_of("classes:\n  chat: {kind: llm, model: m, min_share: 0.3}\n")
+    assert "only a background class" in errs["classes.chat.min_share"]
+    assert "classes.chat.priority" in errors_of("classes:\n  chat: {kind: llm, model: m, priority: 1500}\n")
+    assert parse_policy("classes:\n  chat: {kind: llm, model: m, priority: 999}\n", source="p").classes["chat"]
 
 
 def test_background_min_shares_must_leave_interactive_work_half_of_every_step() -> None:

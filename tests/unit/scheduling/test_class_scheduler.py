@@ -462,3 +462,23 @@ def test_policy_swap_keeps_queued_requests_in_place_and_limits_apply_from_the_ne
     assert done_order == seqs
     assert_completed(*seqs)
     assert_engine_empty(h.sched)
+
+
+@pytest.mark.parametrize(("max_num_seqs", "share"), [(4, 0.2), (8, 0.1), (16, 0.05)])
+def test_a_share_below_one_slot_still_gets_a_slot(max_num_seqs: int, share: float) -> None:
+    """min_share x max_num_seqs below one rounded down to no slot: while chat kept every slot busy the
+    background request never ran (the default summarize share of 0.05 with max_num_seqs 16)."""
+    h = Harness(make_policy(budget=256, max_num_seqs=max_num_seqs, summarize={"min_share": share}), num_blocks=4096)
+    for i in range(max_num_seqs + 2):
+        h.add("chat", user=f"c{i}", max_tokens=20)
+    h.step()
+    background = h.add("summarize", user="bg", max_tokens=4)
+    k = 0
+    for _ in range(200):
+        h.step()
+        while len(h.sched.classes["chat"].queue) < max_num_seqs + 2:
+            k += 1
+            h.add("chat", user=f"c{k % 7}", max_tokens=20)
+        if h.ran(background):
+            return
+    raise AssertionError("the background request never ran")

@@ -222,7 +222,7 @@ def test_random_workloads_keep_the_limits_the_share_guard_and_finish(
         else:
             prompt = min(prompt, blocks * 4 - out - 4)  # it must fit the pool on its own
             seqs.append(h.add(kind, user=f"u{prompt % 2}", prompt_len=prompt, max_tokens=out))
-        slots = int(share * max_seqs)
+        slots = max(1, int(share * max_seqs)) if share > 0 else 0  # min_share keeps at least one slot
         assert len(h.sched.shares.protected) <= slots * 1  # only one background class here
     h.drain()
     assert_completed(*seqs)
