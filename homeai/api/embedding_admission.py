@@ -30,7 +30,7 @@ async def admit_embedding(request: Request[Any, Any, Any], gateway: Gateway, mod
     it is the model's); ``num_ctx`` (Ollama's option): served in the model's own length above it (logged)."""
     ctx = await request_context(request, body_user)
     route = route_request(gateway, model, ctx, "embedding")
-    embedder = gateway.embedders[route.model]
+    embedder = gateway.embedder(route.model)
     if dimensions is not None and dimensions != embedder.dim:
         raise BadRequest(f"model {route.model!r} gives {embedder.dim} dimensions", param="dimensions")
     if num_ctx is not None and num_ctx > embedder.max_length:  # served in the model's own, as Ollama does
@@ -43,7 +43,7 @@ async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route
                         cut_long: bool = True) -> EmbedResult:
     """Tokenize once (off the event loop unless short: ``offload``); queue every input in the class; wait for
     the vectors."""
-    embedder = gateway.embedders[route.model]
+    embedder = gateway.embedder(route.model)
     # the class's max_prompt_tokens, where it is below what the model takes (it was not applied to embeddings)
     class_limit = gateway.policy.classes[route.class_name].max_prompt_tokens
     limit = min(class_limit, embedder.max_length) if class_limit else embedder.max_length

@@ -20,6 +20,7 @@ from homeai.engine.errors import (
     EmbedBatchError,
     ModelCapacityError,
     ModelLoadError,
+    ModelLoadingError,
     ModelUnloadedError,
     QueueTimeoutError,
     RequestError,
@@ -99,6 +100,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ServiceUnavailable(str(exc), param="model", code="model_does_not_fit", headers=retry_after(30))
     if isinstance(exc, ModelUnloadedError):  # it left again while loading again: rare, and a retry loads it
         return ServiceUnavailable(str(exc), param="model", code="model_unloaded", headers=retry_after(1))
+    if isinstance(exc, ModelLoadingError):
+        return ServiceUnavailable(str(exc), param="model", code="model_loading", headers=retry_after(2))
     if isinstance(exc, ModelLoadError):
         return ServiceUnavailable(str(exc), param="model", code="model_load_failed", headers=retry_after(5))
     if isinstance(exc, EmbedBatchError):  # the batch failed on the device: say why, not just its type

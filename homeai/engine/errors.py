@@ -39,6 +39,11 @@ class ModelUnloadedError(_ModelError):
     submission. The gateway loads it again and submits once more; a caller that gets this sees HTTP 503."""
 
 
+class ModelLoadingError(_ModelError):
+    """The model is being loaded (an embedding model a policy change named): HTTP 503 with a short
+    Retry-After."""
+
+
 class ModelLoadError(_ModelError):
     """Loading a model failed (HTTP 503 naming the model and the cause); the next request tries again."""
 

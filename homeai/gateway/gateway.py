@@ -24,7 +24,14 @@ from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.builder import EngineConfig, build_llm_engine, chat_prompt_ids
 from homeai.engine.device_loop import DeviceLoop
 from homeai.engine.embed_service import EmbedResult, EmbedService
-from homeai.engine.errors import ModelCapacityError, ModelUnloadedError, QueueTimeoutError, RequestError
+from homeai.engine.errors import (
+    ModelCapacityError,
+    ModelLoadError,
+    ModelLoadingError,
+    ModelUnloadedError,
+    QueueTimeoutError,
+    RequestError,
+)
 from homeai.engine.llm_engine import LLMEngine
 from homeai.gateway.footprint import build_catalog, engine_bytes, free_engine
 from homeai.gateway.metering import Meter, Submission
@@ -89,6 +96,8 @@ class Gateway:
     meter: Meter = field(default_factory=Meter)  # every submission below is recorded here, once
     # requests waiting for their model's load, by (model, class): held to the class's max_queue_size
     loading_waiters: Counter[tuple[str, str]] = field(default_factory=Counter)
+    _encoder_loads: dict[str, threading.Thread] = field(default_factory=dict)  # embedding models loading now
+    _encoder_errors: dict[str, str] = field(default_factory=dict)  # why an embedding model's load failed
 
     @property
     def policy(self) -> Policy:
@@ -136,12 +145,48 @@ class Gateway:
         at start load now (in the background), those it no longer names leave once idle."""
         if self.loop is None or self.pool is None:
             return
+        self._follow_encoders(policy)
         self.loop.post_policy(policy)
         for name in self._configure_pool(policy, self.catalog()):
             try:
                 self.pool.acquire(name)
             except ModelCapacityError as exc:  # validation checked the fit: a busy model may hold the room
                 log.warning("%s", exc)
+
+    def _follow_encoders(self, policy: Policy) -> None:
+        """Embedding models a new policy names load in the background (until then their requests get a 503
+        with Retry-After, ``embedder``). Before, only the start loaded encoders, and every request of a class
+        moved to another encoder failed until a restart. One no class names any more stays loaded (a batch
+        the device thread takes before it applies the swap still runs on it)."""
+        wanted = {c.model for c in policy.classes.values() if c.kind == "embedding"}
+        for name in sorted(wanted - set(self.embedders) - set(self._encoder_loads)):
+            self._encoder_errors.pop(name, None)
+            thread = threading.Thread(target=self._load_encoder, args=(name,), name=f"load-{name}", daemon=True)
+            self._encoder_loads[name] = thread
+            thread.start()
+
+    def _load_encoder(self, name: str) -> None:
+        try:
+            started = time.monotonic()
+            embedder = in_passing_thread(Embedder.load, self._folder(self._entry(name)), self.device)
+            self.embedders[name] = embedder  # the embed service holds this dict: its next batch finds it
+            log.info("embedding model %s loaded in %.1f s (the policy named it)", name, time.monotonic() - started)
+        except Exception as exc:  # noqa: BLE001 - its requests get a 503 naming it; the next policy change retries
+            log.exception("loading embedding model %s failed", name)
+            self._encoder_errors[name] = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._encoder_loads.pop(name, None)
+
+    def embedder(self, name: str) -> Embedder:
+        """The loaded embedding model ``name``; ModelLoadingError (503) while a policy change loads it,
+        ModelLoadError where that load failed."""
+        embedder = self.embedders.get(name)
+        if embedder is not None:
+            return embedder
+        if name in self._encoder_errors:
+            raise ModelLoadError(name, f"loading embedding model {name!r} failed: {self._encoder_errors[name]}")
+        raise ModelLoadingError(name, f"embedding model {name!r} is loading (a policy change named it); try again "
+                                      "in a few seconds")
 
     def _load_llm(self, name: str) -> LLMEngine:
         return self._build_llm(name, self.policy)

@@ -33,7 +33,7 @@ class GatewayTextEmbedder:
         self.class_name = class_name
         self.user = user
         route = self._route()
-        self.embedder = gateway.embedders[route.model]
+        self.embedder = gateway.embedder(route.model)
         self.token_offsets = hf_token_offsets(self.embedder.tokenizer)
         self.max_chunk_tokens = int(self.embedder.max_length) - 2  # [CLS] and [SEP]
         self.dim = int(self.embedder.dim)
