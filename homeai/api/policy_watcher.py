@@ -4,7 +4,9 @@ Polling (every second by default) needs no dependency and works on every filesys
 included. A changed file is read once and goes through ``apply_policy_text`` (validated, swapped in,
 its exact text kept for GET /admin/policy and stored as a version):
 an invalid file is refused and logged with its key paths, and the running policy stays. Editors
-that write in two steps may show a half-written file: it is refused, and the next write applies.
+that write in two steps may show a half-written file: it is refused, and the next write applies. A refused
+file is validated again every ``REFUSED_RETRY_S`` (quietly) while it stays as it is: a model it names may
+have been pulled since.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from homeai.store.db import Store
 log = logging.getLogger(__name__)
 
 Signature = tuple[int, int] | None  # (mtime_ns, size); None: the file is missing
+REFUSED_RETRY_S = 10.0  # a refused file is validated again this often while it stays as it is
 
 
 def file_signature(path: Path) -> Signature:
@@ -31,7 +34,8 @@ def file_signature(path: Path) -> Signature:
     return (st.st_mtime_ns, st.st_size)
 
 
-async def check_policy_file(holder: PolicyHolder, path: Path, store: Store | None = None) -> bool | None:
+async def check_policy_file(holder: PolicyHolder, path: Path, store: Store | None = None,
+                            log_refusal: bool = True) -> bool | None:
     """Apply the file if it differs from the running text. True: applied; False: refused; None:
     nothing to do (unchanged, or missing: a deleted file keeps the running policy)."""
     try:
@@ -45,7 +49,8 @@ async def check_policy_file(holder: PolicyHolder, path: Path, store: Store | Non
         applied = await apply_policy_text(holder, store, text, applied_by="file", note=f"file {path.name}",
                                           source=str(path), swap_source=str(path), read_from=path)
     except PolicyError as e:
-        log.error("policy file change refused, keeping swap version %d:\n%s", holder.version, e)
+        if log_refusal:
+            log.error("policy file change refused, keeping swap version %d:\n%s", holder.version, e)
         return False
     if not applied.changed:
         return None  # the file changed again (an admin apply wrote it) while this reload waited
@@ -54,27 +59,36 @@ async def check_policy_file(holder: PolicyHolder, path: Path, store: Store | Non
 
 
 async def watch_policy_file(holder: PolicyHolder, path: str | Path, store: Store | None = None,
-                            interval_s: float = 1.0) -> None:
+                            interval_s: float = 1.0, retry_s: float = REFUSED_RETRY_S) -> None:
     """Poll forever (cancel the task to stop). The first poll only takes the file's signature."""
     path = Path(path)
     seen = file_signature(path)
+    refused_at: float | None = None  # when the file as it is was last refused
+    loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval_s)
         current = file_signature(path)
-        if current == seen:
+        # A refused file is checked again now and then, unchanged: what refused it may have been outside it
+        # (a model not pulled yet, one that did not fit beside a model since unloaded); it stayed refused
+        # until the next edit, while the file and the running policy disagreed (a restart would switch).
+        retry = current == seen and refused_at is not None and loop.time() - refused_at >= retry_s
+        if current == seen and not retry:
             continue
         seen = current
         if current is None:
             log.warning("policy file %s is gone; keeping the running policy", path)
+            refused_at = None
             continue
         try:
-            await check_policy_file(holder, path, store)
+            outcome = await check_policy_file(holder, path, store, log_refusal=not retry)
         except Exception:  # never let one bad reload kill the watcher
             log.exception("policy reload from %s failed", path)
+            outcome = None
+        refused_at = loop.time() if outcome is False else None
 
 
 def start_policy_watcher(holder: PolicyHolder, path: str | Path, store: Store | None = None,
-                         interval_s: float = 1.0) -> asyncio.Task[None]:
+                         interval_s: float = 1.0, retry_s: float = REFUSED_RETRY_S) -> asyncio.Task[None]:
     """Start watching ``path`` on the running loop; cancel the returned task at shutdown. With a
     ``store``, every reload is recorded as a policy version applied by ``file``.
 
@@ -82,4 +96,5 @@ def start_policy_watcher(holder: PolicyHolder, path: str | Path, store: Store | 
     GET /admin/policy keeps answering it after the file is edited into something invalid.
     """
     running_text(holder)
-    return asyncio.create_task(watch_policy_file(holder, path, store, interval_s), name="homeai-policy-watcher")
+    return asyncio.create_task(watch_policy_file(holder, path, store, interval_s, retry_s),
+                               name="homeai-policy-watcher")

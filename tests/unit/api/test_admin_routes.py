@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from waiting import DEFAULT_TIMEOUT_S
+from waiting import DEFAULT_TIMEOUT_S, await_until
 
 from homeai.api import policy_watcher
 from homeai.api.admin_routes import admin_router
@@ -427,6 +427,38 @@ async def test_watcher_refuses_invalid_then_applies_valid(holder: PolicyHolder, 
         versions = await store.policy_versions.history()
         assert [v.applied_by for v in versions] == ["file", "system"]
         assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_file_refused_for_a_model_not_pulled_applies_once_it_is(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The watcher checked a file again only when it changed: refused because its model was not pulled, it
+    stayed refused after the pull, while the file and the running policy disagreed (a restart switched)."""
+    from homeai.api.policy_apply import remember_text, use_catalog
+    from homeai.policy.catalog import CatalogModel, ModelCatalog
+    from homeai.policy.loader import parse_policy
+
+    before, after = "classes:\n  chat: {kind: llm, model: m}\n", "classes:\n  chat: {kind: llm, model: big}\n"
+    path = tmp_path / "policy.yaml"
+    path.write_text(before)
+    holder = PolicyHolder(parse_policy(before), source=str(path))
+    remember_text(holder, before)
+    pulled = {"big": False}
+    use_catalog(holder, lambda: ModelCatalog({"m": CatalogModel("m", "llm", True, 1),
+                                              "big": CatalogModel("big", "llm", pulled["big"], 1)}))
+    task = start_policy_watcher(holder, path, None, interval_s=0.01, retry_s=0.05)
+    try:
+        await asyncio.sleep(0)
+        edit(path, after)
+        await await_until(lambda: "refused" in caplog.text)
+        await asyncio.sleep(0.2)  # checked again a few times: still refused, and quietly
+        refusals = [r for r in caplog.records if r.getMessage().startswith("policy file change refused")]
+        assert holder.current.classes["chat"].model == "m" and len(refusals) == 1
+        pulled["big"] = True  # the user does what the message said: `homeai pull big`
+        await await_until(lambda: holder.current.classes["chat"].model == "big")
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
