@@ -78,7 +78,7 @@ class PersonRow(Horizontal):
         self.user = user
 
     def compose(self) -> ComposeResult:
-        yield Static(self.user, classes="who")
+        yield Static(Text(self.user), classes="who")  # the server's text is never markup: "[/x]" crashed the app
         yield Static(classes="rates")
         yield Static(classes="spark")
         yield Static(classes="fair")

@@ -23,9 +23,9 @@ def request_cells(r: RecentRequest, targets: dict[str, float | None]) -> list[Te
     model = r.model
     return [
         Text(fmt_clock(r.finished_at), style=DIM),
-        r.class_name,
-        r.user,
-        model if len(model) <= MODEL_WIDTH else model[: MODEL_WIDTH - 1] + "…",
+        Text(r.class_name),  # Text, not str: a str cell is markup, and a user named "[/x]" crashed the app
+        Text(r.user),
+        Text(model if len(model) <= MODEL_WIDTH else model[: MODEL_WIDTH - 1] + "…"),
         Text(f"{r.num_prompt_tokens}→{r.num_output_tokens}", justify="right"),
         Text(fmt_ms(ttft), style=BAD if ttft is not None and target and ttft > target else "", justify="right"),
         Text(fmt_ms(r.e2e_ms), justify="right"),
