@@ -121,8 +121,15 @@ def _node_families(snap: dict[str, Any]) -> Iterator[Metric]:
                                 labels=labels)
     requests = CounterMetricFamily("homeai_node_requests", "LLM requests the front door placed there, by outcome",
                                    labels=[*labels, "outcome"])
+    # One series per (node, device): a node that restarts is a new Ray node under the same name, and its
+    # entry that left stays listed; both gave the same series (Prometheus keeps the first, the left one's 0).
+    current: dict[tuple[str, str], dict[str, Any]] = {}
     for n in nodes:
-        node = [str(n["name"]), str(n["device"])]
+        key = (str(n["name"]), str(n["device"]))
+        if key not in current or (current[key]["state"] == "left" and n["state"] != "left"):
+            current[key] = n
+    for (name, dev), n in current.items():
+        node = [name, dev]
         up.add_metric(node, 1.0 if n["state"] == "ready" else 0.0)
         for cls, count in n["running"].items():
             running.add_metric([*node, cls], float(count))

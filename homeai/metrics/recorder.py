@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -123,6 +123,20 @@ class MetricsRecorder:
             return OTHER_USERS
         self._user_labels.add(label)
         return label
+
+    def stats_user_rows(self, users: Iterable[str]) -> dict[str, str]:
+        """The /v1/stats row each of ``users`` is shown under (the scheduler's fairness counters name every
+        user): the row of its rates where it has one, else a row of its own while the rows stay within
+        MAX_USER_LABELS, else OTHER_USERS. Adds no metrics label."""
+        rows = set(self._user_labels)
+        out: dict[str, str] = {}
+        for user in users:
+            label = user[:USER_LABEL_CHARS]
+            if label not in rows and len(rows) >= MAX_USER_LABELS:
+                label = OTHER_USERS
+            rows.add(label)
+            out[user] = label
+        return out
 
     def queued(self, request_id: str, seconds: float) -> None:
         """The request left its class queue after ``seconds`` there (the engine's clock; observes
@@ -260,6 +274,8 @@ class MetricsRecorder:
         """Engine steps/s from successive snapshot reads (the first read gives 0)."""
         now = self.clock()
         history = self._steps.setdefault(model, deque(maxlen=256))
+        if history and steps < history[-1][1]:  # a new engine (the model left and loaded again): from 0
+            history.clear()
         history.append((now, steps))
         while len(history) > 2 and history[1][0] <= now - span_s:
             history.popleft()

@@ -37,6 +37,7 @@ def build_stats(recorder: MetricsRecorder, snapshot: dict[str, Any] | None, poli
     names = set(snap_classes) | recorder.class_names() | (set(policy.classes) if policy else set())
     classes: dict[str, dict[str, Any]] = {}
     fairness_by_user: dict[str, dict[str, float]] = {}
+    raw_fairness: dict[str, dict[str, float]] = {}  # the scheduler's counters, by the user as it named them
     for name in sorted(names):
         engine = snap_classes.get(name, {})
         entry: dict[str, Any] = {
@@ -54,7 +55,13 @@ def build_stats(recorder: MetricsRecorder, snapshot: dict[str, Any] | None, poli
                          targets={"ttft_ms": cp.targets.ttft_ms, "itl_ms": cp.targets.itl_ms})
         classes[name] = entry
         for user, counter in (engine.get("fairness") or {}).items():
-            fairness_by_user.setdefault(user, {})[name] = float(counter)
+            raw_fairness.setdefault(str(user), {})[name] = float(counter)
+    # Under the recorder's user rows (cut names, past the cap "(other)", counters summed): every raw name the
+    # scheduler counted became a row of its own, without bound, beside the row of its rates.
+    for user, row_name in recorder.stats_user_rows(raw_fairness).items():
+        row = fairness_by_user.setdefault(row_name, {})
+        for name, counter in raw_fairness[user].items():
+            row[name] = row.get(name, 0.0) + counter
     users: dict[str, dict[str, Any]] = recorder.user_rates()  # rates, plus fairness counters below
     for user in fairness_by_user.keys() - users.keys():
         users[user] = {"tokens_per_s_10s": 0.0, "tokens_per_s_60s": 0.0, "prompt_tokens_per_s_60s": 0.0,

@@ -68,7 +68,8 @@ class HistoryScreen(ModalScreen[int | None]):
         table = self.query_one(DataTable)
         for v in body.versions:
             mark = Text("●", style=GOOD) if v.version == body.current else ""
-            table.add_row(mark, str(v.version), when(v.applied_at), Text(v.applied_by), Text(v.note or ""),  # not markup
+            # Text, not str: the server's words are not markup
+            table.add_row(mark, str(v.version), when(v.applied_at), Text(v.applied_by), Text(v.note or ""),
                           key=str(v.version))
         hint.update(Text("● running · Enter rolls back to the highlighted version · Esc closes", style=DIM))
         table.focus()

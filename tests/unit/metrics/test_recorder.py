@@ -248,3 +248,42 @@ def test_user_labels_are_bounded_and_the_log_keeps_the_user(rec: MetricsRecorder
     text = rec.prometheus_text().decode()
     assert text.count("homeai_generation_tokens_total{") == MAX_USER_LABELS + 1
     assert rec.recent[-1].user == f"u{MAX_USER_LABELS + 39}-{long}"
+
+
+def test_fairness_counters_land_on_the_users_rate_rows(rec: MetricsRecorder, clock: VirtualClock) -> None:
+    """The scheduler counts every raw user name: each became a row of its own in /v1/stats (without bound,
+    past the metrics' cap too) beside the row that held the user's rates under its cut name."""
+    long = "x" * 2000
+    users = [f"u{i}-{long}" for i in range(MAX_USER_LABELS + 40)]
+    for i, user in enumerate(users):
+        run_request(rec, clock, f"r{i}", ttft_s=0.01, gaps_s=[0.01], user=user)
+    snapshot = {"classes": {"chat": {"queued": 0, "running": 0, "fairness": {u: 1.0 for u in users}}}, "device": {}}
+    rows = build_stats(rec, snapshot, None)["users"]
+    assert len(rows) == MAX_USER_LABELS + 1
+    assert rows[OTHER_USERS]["fairness"] == {"chat": 40.0} and rows[OTHER_USERS]["generated_tokens"] == 80
+    first = users[0][:USER_LABEL_CHARS]
+    assert rows[first]["fairness"] == {"chat": 1.0} and rows[first]["generated_tokens"] == 2
+
+
+def test_steps_per_s_starts_again_when_a_model_loads_again(rec: MetricsRecorder, clock: VirtualClock) -> None:
+    """A model that leaves and loads again is a new engine counting from 0: the rate went negative."""
+    rec.steps_per_s("m", 1000)
+    clock.advance(1.0)
+    rec.steps_per_s("m", 1100)
+    clock.advance(60.0)
+    assert rec.steps_per_s("m", 5) == 0.0
+    clock.advance(5.0)
+    assert rec.steps_per_s("m", 60) == pytest.approx(11.0)
+
+
+def test_a_node_that_came_back_under_its_name_is_one_series(rec: MetricsRecorder) -> None:
+    """Its entry that left stays listed beside the new one: two samples of one series, and Prometheus kept
+    the first (the left one's up 0, free KV 0) while the node served."""
+    def node(node_id: str, state: str, free: int) -> dict[str, object]:
+        return {"name": "desktop", "node_id": node_id, "device": "cuda:0", "state": state, "running": {},
+                "queued": {}, "free_kv_tokens": free, "served": 3, "failed": 0}
+
+    text = rec.prometheus_text({"classes": {}, "device": {}, "cluster": {
+        "nodes": [node("aaa", "left", 0), node("bbb", "ready", 9000)]}}).decode()
+    up = [line for line in text.splitlines() if line.startswith("homeai_node_up{")]
+    assert up == ['homeai_node_up{device="cuda:0",node="desktop"} 1.0']
