@@ -37,3 +37,30 @@ async def test_a_user_named_like_markup_is_drawn_as_it_is() -> None:
         table = app.screen.query_one(DataTable)
         assert any(str(cell) == NAME for row in range(table.row_count) for cell in table.get_row_at(row))
         assert app.is_running
+
+
+async def test_the_policy_editor_takes_no_typing_before_the_running_policy_is_in() -> None:
+    """The editor was focused and empty while the policy loaded, and the load replaced what was typed."""
+    import asyncio
+
+    from textual.widgets import TextArea
+
+    gate = asyncio.Event()
+
+    class SlowPolicy(ReplayClient):
+        async def get_policy(self) -> str:
+            await gate.wait()
+            return await super().get_policy()
+
+    app = MonitorApp(SlowPolicy())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("p")
+        await pilot.pause()
+        editor = app.screen.query_one("#editor", TextArea)
+        assert editor.read_only
+        gate.set()
+        for _ in range(50):
+            await pilot.pause()
+            if not editor.read_only:
+                break
+        assert not editor.read_only and "classes:" in editor.text

@@ -67,6 +67,7 @@ class PolicyScreen(Screen[None]):
         editor = TextArea.code_editor("", id="editor", soft_wrap=False)
         editor.language = yaml_language(editor)
         editor.border_title = "running policy"
+        editor.read_only = True  # until the running policy is in: what was typed before, its load replaced
         yield editor
         yield Static(Text("loading the running policy…", style=DIM), id="verdict")
         yield OptionList(id="findings")
@@ -131,7 +132,9 @@ class PolicyScreen(Screen[None]):
             self.say(f"cannot load the policy: {e.message}", BAD)
             return
         self.loaded_text = text
-        self.query_one("#editor", TextArea).load_text(text)
+        editor = self.query_one("#editor", TextArea)
+        editor.load_text(text)
+        editor.read_only = False
         self.mark_modified()
         self.show_findings([])
         self.say("running policy loaded · Ctrl+T validate · Ctrl+S apply · Ctrl+O history", DIM)
@@ -206,6 +209,8 @@ class PolicyScreen(Screen[None]):
             self.report_failure(e)
             return
         self.loaded_text = text
-        self.query_one("#editor", TextArea).load_text(text)
+        editor = self.query_one("#editor", TextArea)
+        editor.load_text(text)
+        editor.read_only = False
         self.mark_modified()
         self.show_result(result, f"rolled back to version {version}, stored")
