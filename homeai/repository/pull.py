@@ -192,13 +192,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     from gguf import GGUFReader
     from safetensors.torch import save_file
 
-    from homeai.runtime.gguf_loader import gguf_config, gguf_metadata, gguf_tensors
+    from homeai.runtime.gguf_loader import gguf_metadata, gguf_tensors, reader_config
 
     if progress:
         print(f"reading {gguf_path.name} ...", file=sys.stderr, flush=True)
     reader = GGUFReader(gguf_path)
     meta = gguf_metadata(reader)
-    config_kwargs = gguf_config(meta, {t.name for t in reader.tensors})
+    config_kwargs = reader_config(reader, meta)
     tensors = gguf_tensors(reader, config_kwargs, progress=progress)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     write_gguf_folder(meta, config_kwargs, out_dir)

@@ -64,8 +64,9 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# rope_freqs holds llama3-style RoPE factors that HF recomputes from config.rope_scaling.
-SKIPPED_NAMES = {"rope_freqs.weight"}
+# rope_freqs holds Llama 3's RoPE frequency factors: not a weight, read into the config (rope_freq_factors).
+ROPE_FACTORS = "rope_freqs.weight"
+SKIPPED_NAMES = {ROPE_FACTORS}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -200,10 +201,34 @@ def gguf_tensors(
     return {name: weights[name] for name in tqdm(weights, desc="dequantizing", unit="tensor", disable=not progress)}
 
 
+def reader_config(reader: GGUFReader, meta: dict[str, Any]) -> dict[str, Any]:
+    """``gguf_config`` plus what the tensors say: Llama 3's RoPE frequency factors. llama.cpp writes Llama
+    3.1/3.2's RoPE scaling only as the ``rope_freqs`` tensor (no scaling key): it was skipped, and such a model
+    served with the base frequencies (15 of 32 off, by up to 32x: wrong attention, worse with context).
+    A RoPE our decoder cannot compute (YaRN) is refused here, at pull, not at the first load."""
+    from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
+
+    config = gguf_config(meta, {t.name for t in reader.tensors})
+    factors = next((t for t in reader.tensors if t.name == ROPE_FACTORS), None)
+    if factors is not None:
+        if factors.tensor_type != GGMLQuantizationType.F32:
+            raise GGUFError(f"{ROPE_FACTORS} is {factors.tensor_type.name}, not F32")
+        values = [float(v) for v in np.asarray(factors.data, dtype=np.float32).reshape(-1)]
+        half = (config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]) // 2
+        if len(values) != half:
+            raise GGUFError(f"{ROPE_FACTORS} holds {len(values)} factors; the heads' RoPE has {half} frequencies")
+        config["rope_freq_factors"] = values
+    try:
+        rope_inv_freq(LlamaConfig.from_hf(config))
+    except ValueError as exc:
+        raise GGUFError(f"RoPE: {exc}") from exc
+    return config
+
+
 def read_gguf(path: Path, progress: bool = False) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Parse `path` and dequantize every tensor: (LlamaConfig kwargs, float32 tensors by HF name)."""
     reader = GGUFReader(path)
-    config = gguf_config(gguf_metadata(reader), {t.name for t in reader.tensors})
+    config = reader_config(reader, gguf_metadata(reader))
     return config, gguf_tensors(reader, config, progress)
 
 
@@ -211,5 +236,5 @@ def open_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Any], GGUFWeights]:
     """(metadata, LlamaConfig kwargs, lazy weights) of a GGUF, reading no tensor yet."""
     reader = GGUFReader(path)
     meta = gguf_metadata(reader)
-    config = gguf_config(meta, {t.name for t in reader.tensors})
+    config = reader_config(reader, meta)
     return meta, config, GGUFWeights(reader, config)

@@ -23,6 +23,7 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
+    rope_freq_factors: list[float] | None = None  # Llama 3's per-frequency divisors as a GGUF holds them
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
@@ -51,6 +52,7 @@ class LlamaConfig:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=cfg.get("rope_theta", 10000.0),
             rope_scaling=cfg.get("rope_scaling"),
+            rope_freq_factors=cfg.get("rope_freq_factors"),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             bos_token_id=cfg.get("bos_token_id"),
@@ -89,4 +91,9 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
         inv_freq = inv_freq / scaling["factor"]
     elif kind not in (None, "default"):
         raise ValueError(f"unsupported rope_scaling type {kind!r}")
+    if cfg.rope_freq_factors is not None:  # as llama.cpp applies a GGUF's rope_freqs: each frequency divided
+        factors = torch.tensor(cfg.rope_freq_factors, dtype=torch.float64)
+        if factors.numel() != inv_freq.numel():
+            raise ValueError(f"{factors.numel()} RoPE frequency factors for {inv_freq.numel()} frequencies")
+        inv_freq = inv_freq / factors
     return inv_freq.to(torch.float32)

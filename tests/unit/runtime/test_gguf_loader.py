@@ -157,18 +157,9 @@ def test_gguf_config_rejects_other_architectures_and_missing_keys() -> None:
         gguf_config(meta, set())
 
 
-def test_read_gguf_end_to_end(tmp_path: Path) -> None:
-    """A tiny llama written with GGUFWriter: names, shapes (ne reversed), types and un-permuted q/k."""
-    meta = _meta()
-    rng = np.random.default_rng(1)
-    hf = {
-        "token_embd.weight": (rng.standard_normal((96, 64)), QT.Q8_0),
-        "output_norm.weight": (rng.standard_normal(64), QT.F32),
-        "blk.0.attn_q.weight": (rng.standard_normal((64, 64)), QT.Q4_0),
-        "blk.0.attn_k.weight": (rng.standard_normal((32, 64)), QT.Q4_1),
-        "blk.0.ffn_down.weight": (rng.standard_normal((64, 128)), QT.F16),
-    }
-    writer = GGUFWriter(tmp_path / "tiny.gguf", "llama")
+def write_tiny_gguf(path: Path, meta: dict[str, object], hf: dict[str, tuple[np.ndarray, QT]]) -> None:
+    """A GGUF as llama.cpp writes one: q/k rows permuted, each tensor in its type."""
+    writer = GGUFWriter(path, "llama")
     for key, value in meta.items():
         if key == "general.architecture":
             continue
@@ -176,6 +167,8 @@ def test_read_gguf_end_to_end(tmp_path: Path) -> None:
             writer.add_array(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
         else:
             writer.add_uint32(key, int(value))  # type: ignore[call-overload]
     heads = {"attn_q": 4, "attn_k": 2}
@@ -188,6 +181,49 @@ def test_read_gguf_end_to_end(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def test_llama3_rope_factors_are_read_and_applied(tmp_path: Path) -> None:
+    """llama.cpp writes Llama 3.1/3.2's RoPE scaling only as the rope_freqs tensor (no scaling key): it was
+    skipped, and such a model served with the base frequencies (wrong attention, worse with context)."""
+    from homeai.runtime.llama_config import LlamaConfig, rope_inv_freq
+
+    rng = np.random.default_rng(2)
+    factors = np.linspace(1.0, 32.0, 8).astype(np.float32)  # head_dim 16: 8 frequencies
+    hf = {"token_embd.weight": (rng.standard_normal((96, 64)), QT.F32),
+          "rope_freqs.weight": (factors, QT.F32)}
+    write_tiny_gguf(tmp_path / "llama3.gguf", _meta(), hf)
+    config, tensors = read_gguf(tmp_path / "llama3.gguf")
+    assert config["rope_freq_factors"] == pytest.approx(factors.tolist())
+    assert "rope_freqs.weight" not in tensors
+    cfg = LlamaConfig.from_hf(config)
+    base = LlamaConfig.from_hf({**config, "rope_freq_factors": None})
+    np.testing.assert_allclose(rope_inv_freq(cfg).numpy(), (rope_inv_freq(base) / factors).numpy(), rtol=1e-6)
+    write_tiny_gguf(tmp_path / "short.gguf", _meta(), {**hf, "rope_freqs.weight": (factors[:5], QT.F32)})
+    with pytest.raises(GGUFError, match="5 factors"):
+        read_gguf(tmp_path / "short.gguf")
+
+
+def test_a_rope_our_decoder_cannot_compute_is_refused_when_read(tmp_path: Path) -> None:
+    """YaRN was accepted at pull and failed at the first load."""
+    meta = {**_meta(), "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
+    write_tiny_gguf(tmp_path / "yarn.gguf", meta, {"token_embd.weight": (np.ones((96, 64)), QT.F32)})
+    with pytest.raises(GGUFError, match="unsupported rope_scaling type 'yarn'"):
+        read_gguf(tmp_path / "yarn.gguf")
+
+
+def test_read_gguf_end_to_end(tmp_path: Path) -> None:
+    """A tiny llama written with GGUFWriter: names, shapes (ne reversed), types and un-permuted q/k."""
+    meta = _meta()
+    rng = np.random.default_rng(1)
+    hf = {
+        "token_embd.weight": (rng.standard_normal((96, 64)), QT.Q8_0),
+        "output_norm.weight": (rng.standard_normal(64), QT.F32),
+        "blk.0.attn_q.weight": (rng.standard_normal((64, 64)), QT.Q4_0),
+        "blk.0.attn_k.weight": (rng.standard_normal((32, 64)), QT.Q4_1),
+        "blk.0.ffn_down.weight": (rng.standard_normal((64, 128)), QT.F16),
+    }
+    write_tiny_gguf(tmp_path / "tiny.gguf", meta, hf)
 
     config, tensors = read_gguf(tmp_path / "tiny.gguf")
     assert config["num_attention_heads"] == 4 and config["tie_word_embeddings"] is True
