@@ -9,6 +9,7 @@ shared by every data directory.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import shutil
 import sys
@@ -58,6 +59,39 @@ def job_roots_from_env() -> tuple[Path, ...]:
     return tuple(Path(p).expanduser().resolve() for p in parts) if parts else default_job_roots()
 
 
+class SettingError(ValueError):
+    """A setting from the environment that cannot be used (``homeai serve`` prints it as one line)."""
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A duration setting: a finite number of seconds, at least 0 (``30s`` or ``inf`` gave a traceback)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingError(f"{name} must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingError(f"{name} must be a finite number of seconds, at least 0, got {text!r}")
+    return value
+
+
+def check_database_url(url: str) -> None:
+    """SettingError unless ``url`` names a database SQLAlchemy reaches through an async driver
+    (``postgres://...`` gave a 60-line exception group once the server had started)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        dialect = make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise SettingError(f"{DATABASE_URL_ENV} is not a database URL SQLAlchemy knows: {exc}") from None
+    if not getattr(dialect, "is_async", False):
+        raise SettingError(f"{DATABASE_URL_ENV} needs an async driver (postgresql+asyncpg://..., "
+                           f"sqlite+aiosqlite:///...), got {url.split('://')[0]!r}")
+
+
 def list_from_env(name: str) -> tuple[str, ...]:
     """A comma-separated setting (HOMEAI_ALLOWED_HOSTS, HOMEAI_ORIGINS) as its non-empty items."""
     return tuple(item.strip() for item in os.environ.get(name, "").split(",") if item.strip())
@@ -84,7 +118,7 @@ class Settings:
     kv_cache_mb: int = 256
     max_body_bytes: int = 4 * 2**20  # larger request bodies get 413 (before they are read, if the length is sent)
     policy_poll_s: float = 1.0  # how often the policy file's mtime is checked for a hot reload
-    drain_timeout_s: float = field(default_factory=lambda: float(os.environ.get(DRAIN_TIMEOUT_ENV) or 30.0))
+    drain_timeout_s: float = field(default_factory=lambda: seconds_from_env(DRAIN_TIMEOUT_ENV, 30.0))
     # on SIGTERM: running requests may go on this long before their streams are ended (homeai/api/drain.py)
     device: str | None = None
     # decode steps through torch.compile: "auto", "on", "off"; None: the engine's default (HOMEAI_COMPILE_DECODE,

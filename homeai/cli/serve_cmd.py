@@ -18,7 +18,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from homeai.api.settings import DATA_DIR_ENV, DRAIN_TIMEOUT_ENV, Settings, default_data_dir
+from homeai.api.settings import (
+    DATA_DIR_ENV,
+    DRAIN_TIMEOUT_ENV,
+    SettingError,
+    Settings,
+    check_database_url,
+    default_data_dir,
+)
 from homeai.cli import arg_types
 
 
@@ -62,8 +69,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from homeai.policy.loader import PolicyError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings(host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(),
-                        policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device)
+    try:  # a bad setting in the environment: one line (under systemd a traceback repeated every restart)
+        settings = Settings(host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(),
+                            policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device)
+        if settings.database_url:
+            check_database_url(settings.database_url)
+    except SettingError as exc:
+        print(f"error: {exc}")
+        return 1
     if args.drain_timeout is not None:
         settings.drain_timeout_s = args.drain_timeout
     if args.compile_decode is not None:
@@ -80,6 +93,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         sock.close()
         print(f"error: {exc}")
+        return 1
+    except OSError as exc:  # the data dir cannot be made or written (a file in its way, no permission)
+        sock.close()
+        print(f"error: cannot prepare the data dir {settings.data_dir}: {exc.strerror or exc}"
+              + (f" ({exc.filename})" if exc.filename else ""))
         return 1
     drain = services_of(app).drain
 
