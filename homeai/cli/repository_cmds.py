@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from homeai.repository.cache import default_cache_dir
@@ -29,18 +30,26 @@ def add_repository_commands(subparsers: Any) -> None:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """Pull one model into the cache; exit 1 with the reason on any error."""
-    from homeai.repository.sources import entry_for, is_source_spec, write_entry
+    from homeai.repository.sources import entry_for, entry_path, is_source_spec, write_entry
 
     started_s = time.perf_counter()
+    written: Path | None = None
     try:
         if is_source_spec(args.name):
             entry = entry_for(args.name, getattr(args, "as_name", None), getattr(args, "quantization", "auto"))
-            print(f"{entry.name}: entry written to {write_entry(entry)}")
+            existed = entry_path(entry.name).exists()
+            written = write_entry(entry)
+            print(f"{entry.name}: entry written to {written}")
+            written = None if existed else written
         else:
             entry = get_entry(args.name)
         path = pull(entry, default_cache_dir(), progress=True, force=args.force)
-    except (EntryError, PullError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (EntryError, PullError, OSError) as exc:
+        if written is not None:  # a new entry whose pull failed is not left behind (nothing would serve it)
+            written.unlink(missing_ok=True)
+            print(f"{entry.name}: entry {written} removed", file=sys.stderr)
+        why = f"cannot write {exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else exc
+        print(f"error: {why}", file=sys.stderr)
         return 1
     print(f"{entry.name}: ready at {path} ({time.perf_counter() - started_s:.1f} s)")
     return 0

@@ -96,10 +96,15 @@ def entry_for(spec: str, name: str | None = None, quantization: str = "auto") ->
         "description": f"added by `homeai pull {spec}`"})
 
 
+def entry_path(name: str, models_dir: Path | None = None) -> Path:
+    """Where the entry named ``name`` is kept: ``<models>/<name>.yaml``."""
+    return (Path(models_dir) if models_dir is not None else find_models_dir()) / f"{name}.yaml"
+
+
 def write_entry(entry: ModelEntry, models_dir: Path | None = None) -> Path:
     """Save ``entry`` as ``<models>/<name>.yaml`` (refusing to overwrite another source's entry)."""
-    folder = Path(models_dir) if models_dir is not None else find_models_dir()
-    path = folder / f"{entry.name}.yaml"
+    path = entry_path(entry.name, models_dir)
+    folder = path.parent
     data = entry.model_dump(mode="json", exclude_defaults=True)
     data["source"] = entry.source.model_dump(mode="json", exclude_none=True)
     if path.exists():

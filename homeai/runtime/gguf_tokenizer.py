@@ -40,7 +40,12 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 
 def _token(meta: dict[str, Any], tokens: list[str], key: str) -> str | None:
     token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
-    return tokens[int(token_id)] if token_id is not None else None
+    if token_id is None:
+        return None
+    if not 0 <= int(token_id) < len(tokens):
+        raise GGUFError(f"GGUF tokenizer.ggml.{key}_token_id {token_id} is not a token (the vocabulary has "
+                        f"{len(tokens)})")
+    return tokens[int(token_id)]
 
 
 def gguf_tokenizer(meta: dict[str, Any], model_max_length: int | None = None) -> PreTrainedTokenizerFast:
@@ -48,6 +53,9 @@ def gguf_tokenizer(meta: dict[str, Any], model_max_length: int | None = None) ->
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+    for key in ("tokens", "merges"):
+        if not meta.get(f"tokenizer.ggml.{key}"):
+            raise GGUFError(f"GGUF metadata tokenizer.ggml.{key} is missing: a byte-level BPE tokenizer needs it")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     tok = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))

@@ -268,3 +268,24 @@ def test_gguf_tokenizer_rejects_sentencepiece() -> None:
 
     with pytest.raises(GGUFError, match="'llama'"):
         gguf_tokenizer(_tokenizer_meta(**{"tokenizer.ggml.model": "llama"}))
+
+
+def test_pulling_a_gguf_whose_tokenizer_is_incomplete_names_it_and_leaves_no_entry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GGUF without merges (or with a special token id past its vocabulary) gave a KeyError (IndexError)
+    traceback, and its new entry stayed in the repository with nothing pulled."""
+    from homeai.cli.repository_cmds import main as cli_main
+
+    monkeypatch.setenv("HOMEAI_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HOMEAI_CACHE_DIR", str(tmp_path / "cache"))
+    for name, meta, says in (
+            ("nomerges", {k: v for k, v in _tokenizer_meta().items() if k != "tokenizer.ggml.merges"},
+             "tokenizer.ggml.merges is missing"),
+            ("badbos", _tokenizer_meta(**{"tokenizer.ggml.bos_token_id": 999_999}),
+             "bos_token_id 999999 is not a token")):
+        path = tmp_path / f"{name}.gguf"
+        write_tiny_gguf(path, {**_meta(), **meta}, {"token_embd.weight": (np.ones((96, 64)), QT.F32)})
+        assert cli_main(["pull", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+        assert not list((tmp_path / "models").glob("*.yaml"))
