@@ -160,11 +160,26 @@ class ModelEntry(_Strict):
         """True when the folder is complete and was pulled from the current source."""
         if isinstance(self.source, HfFolderSource):
             return (self.source.path / "config.json").is_file()
-        marker = marker_path(self.local_path(cache_dir))
+        folder = self.local_path(cache_dir)
         try:
-            return json.loads(marker.read_text()).get("fingerprint") == self.source_fingerprint()
-        except (OSError, ValueError):
+            marker = json.loads(marker_path(folder).read_text())
+            if marker.get("fingerprint") != self.source_fingerprint():
+                return False
+            # The weights are still there, at their size: a linked GGUF that Ollama pruned (or `ollama rm`), a
+            # truncated file, counted as present, and a pull said "ready" over a model that could not load.
+            kept = marker.get("weights")
+            return weights_sizes(folder) == kept if kept is not None else (folder / "config.json").is_file()
+        except (OSError, ValueError, AttributeError):
             return False
+
+
+def weights_sizes(folder: Path) -> dict[str, int]:
+    """The size of each weights file of a pulled folder (a linked GGUF: its target's), by name; a link whose
+    target is gone counts -1."""
+    out: dict[str, int] = {}
+    for path in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.gguf")):
+        out[path.name] = path.stat().st_size if path.exists() else -1
+    return out
 
 
 def find_models_dir() -> Path:

@@ -27,6 +27,7 @@ from homeai.repository.entries import (
     ModelEntry,
     OllamaSource,
     PypiSource,
+    weights_sizes,
 )
 
 CHUNK_BYTES = 1 << 20
@@ -242,6 +243,7 @@ def _write_marker(entry: ModelEntry, build: Path, files: dict[str, str]) -> None
         "fingerprint": entry.source_fingerprint(),
         "source": entry.source.model_dump(mode="json"),
         "files": files,
+        "weights": weights_sizes(build),
         "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     marker_path(build).write_text(json.dumps(marker, indent=2) + "\n")

@@ -46,7 +46,10 @@ def gguf_layer_type(path: Path) -> str | None:
     """The most common tensor type of the GGUF's decoder layers (``blk.*``), e.g. "Q4_1". Kept in
     LAYER_TYPE_FILE (for this file's size and mtime) in the model folder: gguf's reader parses every
     metadata field, the vocabulary's ~50k strings one by one, which took 4 s of each start."""
-    stat = path.stat()
+    try:
+        stat = path.stat()
+    except OSError:  # a linked GGUF whose file is gone: not pulled any more (`homeai pull` links it again)
+        return None
     key = {"gguf": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     kept = path.parent / LAYER_TYPE_FILE
     try:

@@ -98,6 +98,29 @@ def test_pull_local_gguf_serves_a_chat(packaged_gguf: Path, packaged_reply: list
         pull(entry, cache, progress=False, force=True)
 
 
+def test_a_linked_gguf_that_went_away_is_not_present_and_a_pull_links_it_again(
+        packaged_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The marker alone made a model present: after its linked GGUF was moved away (Ollama prunes old blobs)
+    `homeai pull` said "ready" over a model that could not load, and `homeai models` crashed."""
+    copy = tmp_path / "mine" / "SmolLM2.Q4_1.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(packaged_gguf, copy)
+    models, cache = tmp_path / "models", tmp_path / "cache"
+    monkeypatch.setenv("HOMEAI_MODELS_DIR", str(models))
+    monkeypatch.setenv("HOMEAI_CACHE_DIR", str(cache))
+    assert cli_main(["pull", str(copy), "--as", "my-smol"]) == 0
+    entry = load_entry(models / "my-smol.yaml")
+    assert entry.is_present(cache)
+    moved = copy.rename(tmp_path / "elsewhere.gguf")
+    assert not entry.is_present(cache)
+    capsys.readouterr()
+    assert cli_main(["models"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("my-smol")][0].split()[5] == "no"
+    moved.rename(copy)
+    assert cli_main(["pull", "my-smol"]) == 0 and entry.is_present(cache)
+
+
 def test_pull_from_an_ollama_store_serves_a_chat(packaged_gguf: Path, packaged_reply: list[int], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "ollama"

@@ -143,7 +143,15 @@ def test_is_present_needs_a_marker_from_the_same_source(tmp_path: Path) -> None:
     marker_path(folder).write_text(json.dumps({"fingerprint": "stale"}))
     assert not entry.is_present(tmp_path)
     marker_path(folder).write_text(json.dumps({"fingerprint": entry.source_fingerprint()}))
+    assert not entry.is_present(tmp_path)  # a marker from before weights were recorded: its config at least
+    (folder / "config.json").write_text("{}")
     assert entry.is_present(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"x" * 10)
+    marker_path(folder).write_text(json.dumps({"fingerprint": entry.source_fingerprint(),
+                                               "weights": {"model.safetensors": 10}}))
+    assert entry.is_present(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"x" * 7)  # cut short
+    assert not entry.is_present(tmp_path)
 
 
 def test_env_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
