@@ -217,8 +217,9 @@ def test_containerfile_installs_the_cluster_extra_and_pyprojects_torch() -> None
     assert any("pip install" in r and "'.[cluster]'" in r for r in runs), runs
     assert "HOMEAI_MODELS=" in instruction("ARG")  # no model is pulled unless the build arg names one
     for copy in instruction("COPY"):
-        *sources, _ = copy.split()
+        *sources, _ = [part for part in copy.split() if not part.startswith("--")]
         assert all((REPO / s).exists() for s in sources), copy
+    assert "--chown=homeai:homeai models models" in instruction("COPY")  # `homeai pull FILE.gguf` writes there
     entry = json.loads(instruction("ENTRYPOINT")[0])
     assert entry == ["homeai"]
     assert parse_cli(json.loads(instruction("CMD")[0])).command == "serve"
