@@ -32,8 +32,9 @@ token words, so the count is exact there and close elsewhere; ``prompt_tokens`` 
 the server counted. Each prompt opens with a request number of its own, so a prefix cache finds at most
 the few tokens before it (ours caches whole 16-token blocks: none): the figures are for prompts computed
 in full. Requests still running when a timed phase ends are cancelled and counted as ``cut_at_window``
-(their first token and gaps, where they came, still count in the latency figures); a request that ends
-with neither its ``[DONE]`` nor an error is ``lost``. Figures are measured, never judged here.
+(their first token and gaps, where they came, still count in the latency figures; one that had waited
+more than ``STALL_S`` for its next token is ``voice_stalled`` / ``chat_stalled`` and adds that wait); a request
+that ends with neither its ``[DONE]`` nor an error is ``lost``. Figures are measured, never judged here.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -69,6 +71,7 @@ VOICE_EVERY_S, VOICE_OFFSET_S, VOICE_PROMPT_TOKENS, VOICE_MAX_TOKENS = 2.0, 0.5,
 CHAT_EVERY_S, CHAT_OFFSET_S, CHAT_PROMPT_TOKENS, CHAT_MAX_TOKENS = 5.0, 1.0, 100, 128
 SUMMARY_PROMPT_TOKENS, SUMMARY_MAX_TOKENS = 1500, 256
 NTH_TOKEN = 12  # a voice reply's first words: what a speech synthesizer needs to start talking
+STALL_S = 1.0  # a household request cut at the window's end after waiting this long for a token: stalled
 
 COMPILE_TIMEOUT_S = 900.0  # every decode bucket, compiled in the background at start
 READ_TIMEOUT_S = 600.0  # between two chunks: a queued background request may wait long for its first
@@ -208,15 +211,32 @@ def window_tok_s(records: list[RequestRecord], start_s: float, window_s: float) 
     return round(sum(r.chunks_between(start_s, start_s + window_s) for r in records) / window_s, 2)
 
 
-def class_latency(records: list[RequestRecord], cls: str) -> dict[str, float | None]:
+def class_latency(records: list[RequestRecord], cls: str, end_s: float | None = None) -> dict[str, float | None]:
     """Latency percentiles of one class: over finished requests and those cut at the window's end once
-    past the point measured (a slow first token is then still seen); ITL pooled over all their gaps."""
+    past the point measured (a slow first token is then still seen); ITL pooled over all their gaps.
+    A request cut at ``end_s`` while it had waited ``STALL_S`` or more for the point measured (its first
+    token, its next one, its 12th) adds that wait, a lower bound, and counts as ``stalled``: it left every
+    figure before, so a stream that hung in the loaded window made its ratios look better."""
     seen = [r for r in records if r.cls == cls and r.status in (OK, CUT)]
     ttft = present([r.ttft_ms for r in seen])
+    gaps = [gap for r in seen for gap in r.itl_ms]
+    nth = present([r.token_ms(NTH_TOKEN) for r in seen])
+    stalled = 0
+    end = end_s if end_s is not None else -math.inf  # no end given: no request counts as stalled
+    for r in (r for r in seen if r.status == CUT):
+        age_ms = (end - r.sent_s) * 1e3
+        pending_ms = (end - (r.chunk_s[-1] if r.chunk_s else r.sent_s)) * 1e3
+        late = pending_ms > STALL_S * 1e3
+        stalled += int(late)
+        if late and not r.chunk_s:
+            ttft.append(age_ms)
+        elif late:
+            gaps.append(pending_ms)
+        if late and len(r.chunk_s) < NTH_TOKEN:
+            nth.append(age_ms)
     return {"ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
-            "itl_p99_ms": percentile([gap for r in seen for gap in r.itl_ms], 99),
-            "nth_token_p99_ms": percentile(present([r.token_ms(NTH_TOKEN) for r in seen]), 99),
-            "finished": sum(r.ok for r in seen)}
+            "itl_p99_ms": percentile(gaps, 99), "nth_token_p99_ms": percentile(nth, 99),
+            "finished": sum(r.ok for r in seen), "stalled": stalled}
 
 
 @dataclass(slots=True)
@@ -229,11 +249,13 @@ class HouseholdRun:
 
 
 def household_side(run: HouseholdRun) -> dict[str, Any]:
-    voice, chat = class_latency(run.records, "voice"), class_latency(run.records, "chat")
+    end_s = run.start_s + run.window_s
+    voice, chat = class_latency(run.records, "voice", end_s), class_latency(run.records, "chat", end_s)
     return {"voice_ttft_p50_ms": voice["ttft_p50_ms"], "voice_ttft_p99_ms": voice["ttft_p99_ms"],
             "voice_itl_p99_ms": voice["itl_p99_ms"], f"voice_{NTH_TOKEN}th_token_p99_ms": voice["nth_token_p99_ms"],
             "chat_ttft_p99_ms": chat["ttft_p99_ms"], "chat_itl_p99_ms": chat["itl_p99_ms"],
             "voice_finished": voice["finished"], "chat_finished": chat["finished"],
+            "voice_stalled": voice["stalled"], "chat_stalled": chat["stalled"],
             "lost": lost_count(run.records), "cut_at_window": sum(r.status == CUT for r in run.records),
             "errors": error_counts(run.records)["total"]}
 

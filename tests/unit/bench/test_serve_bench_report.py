@@ -194,3 +194,18 @@ def test_voice_turns_share_all_but_their_last_words_and_fresh_prompts_share_noth
     assert len(a) == len(b) and a[:-VOICE_TURN_NEW_WORDS] == b[:-VOICE_TURN_NEW_WORDS]
     assert a[-VOICE_TURN_NEW_WORDS:] != b[-VOICE_TURN_NEW_WORDS:]
     assert prompts.messages(46)[0] != prompts.messages(46)[0]  # each fresh prompt opens with its own number
+
+
+def test_a_request_that_stalled_before_the_window_ended_counts_as_stalled_and_in_the_figures() -> None:
+    """A voice request that got no token for 5 s, and one that stopped after 5 tokens, left every figure
+    (they were only "cut"): a hung stream made the loaded window's ratios look better."""
+    healthy = [voice(t, 0.1, gap=0.025) for t in range(10)]
+    silent = record("voice", 15.0, [], status=CUT)  # nothing for 5 s
+    stopped = record("voice", 12.0, evenly(12.1, 0.025, 5), status=CUT)  # 5 tokens, then nothing for ~7.8 s
+    just_sent = record("voice", 19.8, [], status=CUT)  # 0.2 s old at the end: not late
+    run = HouseholdRun([*healthy, silent, stopped, just_sent], start_s=0.0, window_s=20.0)
+    out = household_figures(run, HouseholdRun(healthy, start_s=0.0, window_s=20.0))
+    assert out["voice_stalled"] == 2 and out["reference"]["voice_stalled"] == 0
+    assert out["voice_ttft_p99_ms"] > 4000  # the silent one's 5 s, a lower bound
+    # the stopped one's pending gap joins the pooled gaps (one of ~300 here: p99 stays, p100 would not)
+    assert out[f"voice_{NTH_TOKEN}th_token_p99_ms"] > 7000
