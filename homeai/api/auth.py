@@ -34,12 +34,14 @@ PUBLIC_PREFIXES = ("/schema",)  # the OpenAPI document: Litestar's own routes ca
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """The authenticated caller. ``user`` is ``anonymous`` when no key was needed nor given."""
+    """The authenticated caller. ``user`` is ``anonymous`` when no key was needed nor given (``keyless``:
+    only then may the request name its user, by header or body; a key's user is the key's)."""
 
     user: str
     default_class: str | None
     is_admin: bool
     scopes: frozenset[str] = frozenset()
+    keyless: bool = False
 
     def may_read_metrics(self) -> bool:
         return self.is_admin or METRICS_SCOPE in self.scopes
@@ -76,7 +78,7 @@ async def resolve_caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Call
         detail = "invalid API key" if key else "an API key is required (Authorization: Bearer KEY)"
         raise NotAuthorizedException(detail, headers={"WWW-Authenticate": "Bearer"})
     else:
-        caller = Caller(ANONYMOUS, None, True)
+        caller = Caller(ANONYMOUS, None, True, keyless=True)
     connection.state[_CALLER_STATE_KEY] = caller
     return caller
 

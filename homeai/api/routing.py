@@ -50,7 +50,7 @@ def _int_header(request: Request[Any, Any, Any], name: str) -> int | None:
 async def request_context(request: Request[Any, Any, Any], body_user: str | None = None) -> RequestContext:
     caller = await resolve_caller(request)
     user, key_class = caller.user, caller.default_class
-    if user == ANONYMOUS:
+    if caller.keyless:  # not a key's user named "anonymous": that one could act as any user it named
         user = request.headers.get(HEADER_USER) or body_user or ANONYMOUS
     timeout_ms = _int_header(request, HEADER_TIMEOUT_MS)
     return RequestContext(user=user, class_name=request.headers.get(HEADER_CLASS) or key_class,

@@ -26,6 +26,7 @@ KEY_PREFIX = "hai_"
 DISPLAY_CHARS = 12  # "hai_" + 8: enough to tell a household's keys apart, useless to an attacker
 MIN_MATCH_CHARS = 6  # a revoke by prefix must name at least this much of the key
 KNOWN_SCOPES = frozenset({"metrics"})  # metrics: may read /v1/stats, its stream and /metrics
+RESERVED_USER = "anonymous"  # the user of requests made without a key (homeai.api.auth.ANONYMOUS)
 
 
 class KeyStoreError(ValueError):
@@ -85,6 +86,9 @@ class ApiKeys:
         if unknown:
             raise KeyStoreError(f"unknown scope(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN_SCOPES))})")
         user = (user or name).strip()
+        if user == RESERVED_USER:
+            raise KeyStoreError(f"the user {RESERVED_USER!r} is the one of requests without a key; name another "
+                                "(--user NAME)")
         key = new_key()
         async with self._sessions.begin() as session:
             taken = await session.scalar(select(ApiKeyRow.id).where(ApiKeyRow.name == name,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from litestar import Litestar
+from litestar import Litestar, Request, get
 from litestar.testing import AsyncTestClient
 
 from homeai.api.admin_routes import admin_router
@@ -22,6 +22,7 @@ from homeai.api.json_depth import MAX_JSON_DEPTH, json_depth, too_deep
 from homeai.api.observability_routes import observability_router
 from homeai.api.ollama_routes import OllamaController, ollama_root
 from homeai.api.openai_routes import OpenAIController
+from homeai.api.routing import request_context
 from homeai.api.services import DEPENDENCIES, Services, app_state
 from homeai.api.settings import Settings
 from homeai.policy.loader import load_policy
@@ -114,3 +115,42 @@ def test_an_unterminated_string_ends_the_scan_in_one_pass() -> None:
     assert json_depth(b'["abc\\') == 1  # ends in a lone backslash
     body = b'{"model": "m", "messages": ' + b"[" * 65 + b'"' + b'\\"' * 30_000  # 90 KB: 25 s before, a millisecond now
     assert json_depth(body) == 66
+
+
+@get("/who", sync_to_thread=False)
+async def who(request: Request[Any, Any, Any]) -> dict[str, str]:
+    return {"user": (await request_context(request, body_user="bob")).user}
+
+
+async def test_only_a_request_without_a_key_names_its_user(store: Store, tmp_path: Path) -> None:
+    """The context trusted the header or body user whenever the caller's user was "anonymous": a key made
+    for a user of that name (``homeai keys create anonymous``) acted as any user it named, with that
+    user's classes and fair share. Such a key can no longer be made; one made before keeps its own user."""
+    from sqlalchemy import update
+
+    from homeai.store.keys import KeyStoreError
+    from homeai.store.tables import ApiKeyRow, UserRow
+
+    with pytest.raises(KeyStoreError, match="anonymous"):
+        await store.keys.create("anonymous")
+    kids, _ = await store.keys.create("kids-tablet", user="kids")
+    old, _ = await store.keys.create("guest")
+    assert store.sessions is not None
+    async with store.sessions.begin() as session:  # a key made before the refusal
+        session.add(UserRow(name="anonymous"))
+        await session.flush()
+        await session.execute(update(ApiKeyRow).where(ApiKeyRow.name == "guest").values(user="anonymous"))
+    services = Services(Settings(data_dir=tmp_path, host="0.0.0.0"), PolicyHolder(load_policy(DEFAULT_POLICY)),
+                        store=store)
+    app = Litestar(route_handlers=[who], guards=[authenticate], exception_handlers={Exception: exception_handler},
+                   state=app_state(services), dependencies=DEPENDENCIES)
+    async with AsyncTestClient(app=app) as c:
+        for key, user in ((kids, "kids"), (old, "anonymous")):
+            r = await c.get("/who", headers={**bearer(key), "X-HomeAI-User": "alice"})
+            assert r.json() == {"user": user}, r.text
+    services = Services(Settings(data_dir=tmp_path / "keyless"), PolicyHolder(load_policy(DEFAULT_POLICY)))
+    app = Litestar(route_handlers=[who], guards=[authenticate], exception_handlers={Exception: exception_handler},
+                   state=app_state(services), dependencies=DEPENDENCIES)
+    async with AsyncTestClient(app=app) as c:  # loopback, no store, no key: the request names its user
+        assert (await c.get("/who", headers={"X-HomeAI-User": "alice"})).json() == {"user": "alice"}
+        assert (await c.get("/who")).json() == {"user": "bob"}
