@@ -23,17 +23,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Protocol
 
-from litestar import Response, Router, get
+from litestar import Request, Response, Router, get
 from litestar.params import Parameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from homeai.api.auth import METRICS_SCOPE, presented_key
 from homeai.api.services import Injected, Services
 from homeai.metrics.stats import build_stats
 from homeai.runtime.device import process_rss_mb
+from homeai.store.keys import KeyStoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +83,47 @@ async def stats(services: Injected[Services]) -> dict[str, Any]:
 
 
 async def _stats_events(services: Services, interval_s: float, count: int | None = None,
+                        still_allowed: Callable[[], Awaitable[bool]] | None = None,
                         ) -> AsyncIterator[ServerSentEventMessage]:
     sent = 0
     while (count is None or sent < count) and not services.drain.draining:  # ends on SIGTERM
         if sent:
             await asyncio.sleep(interval_s)
+            if still_allowed is not None and not await still_allowed():
+                return  # its key was revoked: no more of every household member's figures
         yield ServerSentEventMessage(data=json.dumps(stats_document(services)), event="stats")
         sent += 1
+
+
+def key_still_reads_metrics(request: Request[Any, Any, Any],
+                            services: Services) -> Callable[[], Awaitable[bool]] | None:
+    """For a stream opened with a key: whether that key still may read the figures (checked before each
+    event; the caller was checked once per request, and a revoked key's open stream went on for good)."""
+    key, store = presented_key(request), services.store
+    if key is None or store is None:
+        return None
+
+    async def allowed() -> bool:
+        try:
+            info = await store.keys.verify(key)
+        except KeyStoreUnavailable:
+            return True  # the store is down a moment: the key was good, the next check decides
+        return info is not None and (info.is_admin or METRICS_SCOPE in info.scopes)
+
+    return allowed
 
 
 # Not in the OpenAPI schema: an endless stream would hang schema-driven test clients (schemathesis).
 @get("/v1/stats/stream", summary="Live statistics as server-sent events", include_in_schema=False,
      opt={"auth": "metrics"})
 async def stats_stream(
-    services: Injected[Services], count: Annotated[int | None, Parameter(ge=1, le=100_000)] = None,
+    request: Request[Any, Any, Any], services: Injected[Services],
+    count: Annotated[int | None, Parameter(ge=1, le=100_000)] = None,
 ) -> ServerSentEvent:
-    """Events until the client goes away, or ``count`` of them (``curl .../v1/stats/stream?count=1``)."""
-    return ServerSentEvent(_stats_events(services, services.stats_interval_s, count),
+    """Events until the client goes away, its key is revoked, or ``count`` of them (``curl
+    .../v1/stats/stream?count=1``)."""
+    return ServerSentEvent(_stats_events(services, services.stats_interval_s, count,
+                                         key_still_reads_metrics(request, services)),
                            headers={"Cache-Control": "no-store"})
 
 

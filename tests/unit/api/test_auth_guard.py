@@ -154,3 +154,23 @@ async def test_only_a_request_without_a_key_names_its_user(store: Store, tmp_pat
     async with AsyncTestClient(app=app) as c:  # loopback, no store, no key: the request names its user
         assert (await c.get("/who", headers={"X-HomeAI-User": "alice"})).json() == {"user": "alice"}
         assert (await c.get("/who")).json() == {"user": "bob"}
+
+
+async def test_a_revoked_key_ends_its_open_stats_stream(store: Store, tmp_path: Path) -> None:
+    """The caller was checked once per request: a metrics key revoked (say, leaked) while its stream was
+    open went on receiving every household member's figures for as long as it stayed connected. (The
+    test client reads a stream only once it has ended, so the events are drawn from the route's generator.)"""
+    from types import SimpleNamespace
+
+    from homeai.api.observability_routes import _stats_events, key_still_reads_metrics
+
+    services = Services(Settings(data_dir=tmp_path), PolicyHolder(load_policy(DEFAULT_POLICY)), store=store)
+    await store.keys.create("root", is_admin=True)
+    key, _ = await store.keys.create("grafana", scopes=["metrics"])
+    request = SimpleNamespace(headers={"authorization": f"Bearer {key}"})
+    events = _stats_events(services, 0.001, 200, key_still_reads_metrics(request, services))  # type: ignore[arg-type]
+    received = [await anext(events), await anext(events)]
+    await store.keys.revoke("grafana")
+    received += [e async for e in events]
+    assert len(received) == 2
+    assert key_still_reads_metrics(SimpleNamespace(headers={}), services) is None  # type: ignore[arg-type]
