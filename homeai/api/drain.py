@@ -87,9 +87,12 @@ class Drain:
 
 
 def end_open_generations(gateway: Any) -> None:
-    """End every LLM sequence with the shutdown error (each engine does it on its device thread)."""
+    """End every LLM sequence with the shutdown error (each engine does it on its device thread), and start
+    none after this (a request still waiting for an on-demand model's load would have run until uvicorn
+    cut it, with no final message)."""
     if gateway is None:
         return
+    gateway.closing = SHUTDOWN_MESSAGE
     for engine in gateway.llms.values():
         engine.fail_all_soon(SHUTDOWN_MESSAGE)
 

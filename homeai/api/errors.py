@@ -24,6 +24,7 @@ from homeai.engine.errors import (
     ModelUnloadedError,
     QueueTimeoutError,
     RequestError,
+    ShuttingDownError,
 )
 from homeai.gateway.gateway import UnknownModelError
 from homeai.scheduling.class_queue import QueueFullError
@@ -100,6 +101,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ServiceUnavailable(str(exc), param="model", code="model_does_not_fit", headers=retry_after(30))
     if isinstance(exc, ModelUnloadedError):  # it left again while loading again: rare, and a retry loads it
         return ServiceUnavailable(str(exc), param="model", code="model_unloaded", headers=retry_after(1))
+    if isinstance(exc, ShuttingDownError):
+        return ServiceUnavailable(str(exc), code="shutting_down", headers=retry_after(10))
     if isinstance(exc, ModelLoadingError):
         return ServiceUnavailable(str(exc), param="model", code="model_loading", headers=retry_after(2))
     if isinstance(exc, ModelLoadError):

@@ -39,6 +39,10 @@ class ModelUnloadedError(_ModelError):
     submission. The gateway loads it again and submits once more; a caller that gets this sees HTTP 503."""
 
 
+class ShuttingDownError(RuntimeError):
+    """The drain's deadline has passed: no request starts any more (HTTP 503 with Retry-After)."""
+
+
 class ModelLoadingError(_ModelError):
     """The model is being loaded (an embedding model a policy change named): HTTP 503 with a short
     Retry-After."""

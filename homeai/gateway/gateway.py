@@ -31,6 +31,7 @@ from homeai.engine.errors import (
     ModelUnloadedError,
     QueueTimeoutError,
     RequestError,
+    ShuttingDownError,
 )
 from homeai.engine.llm_engine import LLMEngine
 from homeai.gateway.footprint import build_catalog, engine_bytes, free_engine
@@ -96,6 +97,7 @@ class Gateway:
     meter: Meter = field(default_factory=Meter)  # every submission below is recorded here, once
     # requests waiting for their model's load, by (model, class): held to the class's max_queue_size
     loading_waiters: Counter[tuple[str, str]] = field(default_factory=Counter)
+    closing: str | None = None  # set at the drain's deadline: no request starts after it (ShuttingDownError)
     _encoder_loads: dict[str, threading.Thread] = field(default_factory=dict)  # embedding models loading now
     _encoder_errors: dict[str, str] = field(default_factory=dict)  # why an embedding model's load failed
 
@@ -380,6 +382,8 @@ class Gateway:
         (``ModelUnloadedError``: its keep_alive ran out meanwhile) is loaded again and the request submitted
         once more; the lease, taken before, keeps it there this time."""
         model = route.model
+        if self.closing is not None:  # admitted before the deadline, submitted after it (an on-demand load
+            raise ShuttingDownError(self.closing)  # waited): no engine's fail-all would reach it, uvicorn cut it
         if self.pool is not None:
             self.pool.lease(model)
         stream = submit(engine)
@@ -391,6 +395,8 @@ class Gateway:
                     raise
                 log.info("model %s left the device as a request reached it: loading it again", model)
                 engine = await self.ensure_llm(model, timeout_us / 1e6 if timeout_us else None, route.class_name)
+                if self.closing is not None:
+                    raise ShuttingDownError(self.closing) from None
                 stream = submit(engine)
                 first = await anext(stream)
             yield first

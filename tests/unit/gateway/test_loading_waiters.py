@@ -87,3 +87,26 @@ def test_a_request_refused_while_its_model_loads_is_counted_as_a_refusal() -> No
 
     asyncio.run(scenario())
     assert recorder.rejections("voice") == {"queue_full": 1, "timeout": 1}
+
+
+def test_after_the_drain_deadline_no_request_starts() -> None:
+    """A request admitted before the deadline but still waiting for an on-demand model's load was submitted
+    after it: no engine's fail-all reached it, and uvicorn cut its stream with no final message."""
+    from homeai.api.drain import SHUTDOWN_MESSAGE, end_open_generations
+    from homeai.api.errors import to_api_error
+    from homeai.engine.errors import ShuttingDownError
+
+    gateway = Gateway(PolicyHolder(load_policy(DEFAULT_POLICY)))
+    end_open_generations(gateway)
+    assert gateway.closing == SHUTDOWN_MESSAGE
+
+    def submit(engine: Any) -> Any:
+        raise AssertionError("submitted after the deadline")
+
+    async def first() -> None:
+        await anext(gateway._leased(Route("m", "chat"), object(), submit, None))  # type: ignore[arg-type]
+
+    with pytest.raises(ShuttingDownError) as closed:
+        asyncio.run(first())
+    answer = to_api_error(closed.value)
+    assert answer.status_code == 503 and answer.headers.get("Retry-After") == "10"
