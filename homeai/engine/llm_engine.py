@@ -64,6 +64,12 @@ class LLMEngine:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
+        # A stop string that is a special token ("<|im_start|>", as Ollama clients send) stops on that token:
+        # the detokenizer leaves special tokens out of the text, so it never matched, and the model wrote
+        # a made-up next turn.
+        added = getattr(tokenizer, "get_added_vocab", None)
+        self._special_ids: dict[str, int] = {t: i for t, i in (added() if added else {}).items()
+                                             if tokenizer.decode([i], skip_special_tokens=True) == ""}
         self.max_model_len = max_model_len
         self.streams = StreamRegistry()
         self.stats = EngineStats()
@@ -96,6 +102,9 @@ class LLMEngine:
         if params.max_tokens < 1:
             raise RequestError("max_tokens must be at least 1")
         params = dataclasses.replace(params, max_tokens=min(params.max_tokens, self.max_model_len - n))
+        stop_ids = [self._special_ids[s] for s in params.stop if s in self._special_ids]
+        if stop_ids:
+            params.stop_token_ids = [*params.stop_token_ids, *stop_ids]
         bm = self.scheduler.block_manager
         if bm.blocks_needed(n + params.max_tokens) > bm.num_blocks:
             raise RequestError(f"prompt + max_tokens ({n + params.max_tokens}) exceed the KV cache "

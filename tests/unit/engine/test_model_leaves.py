@@ -77,6 +77,7 @@ class ReloadingGateway:
 
     def __init__(self, loaded_again: LLMEngine) -> None:
         self.pool = Pool()
+        self.closing: str | None = None  # the drain's deadline has not passed
         self.loaded_again = loaded_again
         self.loads: list[tuple[str, Any, str]] = []
 
