@@ -101,11 +101,13 @@ class IncrementalDetokenizer:
         self._pending = ""
         if not self._stops:
             return self._emit(text)
-        # Held text contains no whole stop string, so the earliest match is the one to honour.
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        # Held text contains no whole stop string. The stop honoured is the one that ends first (then the one
+        # that starts first), as if the text had come a character at a time: cutting at the earliest start
+        # made the output depend on the tokens ("abcd" with stops "abcd" and "bc": "" in one token, "a" in four).
+        found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in self._stops) if i >= 0]
+        if found:
             self.stopped = True
-            return self._emit(text[:cut])
+            return self._emit(text[:min(found)[1]])
         if not final:
             held = self._stop_prefix_len(text)
             if held:

@@ -190,3 +190,30 @@ def test_smollm2_tokenizer_streaming(pulled_models: dict[str, Path]) -> None:
     _, streamed, stopped = stream(tokenizer, prompt, output, stop=["요!"])
     full = in_context(tokenizer, prompt, output)
     assert stopped and streamed == full[: full.index("요!")]
+
+
+class PieceTokenizer:
+    """Token i decodes to PIECES[i]: lets a test choose how text is cut into tokens."""
+
+    PIECES = ["xyz", "abcd", "ef", " tail", *"xyzabcdef"]
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.PIECES[i] for i in token_ids)
+
+
+@pytest.mark.parametrize("stops", [["abcd", "bc"], ["bc", "abcd"], ["xyzabcdef", "cd"], ["cd", "d"]])
+def test_overlapping_stops_cut_as_a_character_stream_would(stops: list[str]) -> None:
+    """The stop that ends first wins, however the text is cut into tokens: cutting at the earliest start
+    gave "" for "abcd" as one token and "a" as four (stops "abcd" and "bc")."""
+    pieces = PieceTokenizer.PIECES
+    text = "xyzabcdef tail"
+    as_words = [0, 1, 2, 3]
+    as_chars = [pieces.index(c, 4) for c in "xyzabcdef"] + [3]
+
+    def cut(ids: list[int]) -> str:
+        detok = IncrementalDetokenizer(PieceTokenizer(), [], stop=stops)
+        out = "".join(detok.push(i) for i in ids)
+        return out + detok.flush()
+
+    ends = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+    assert cut(as_words) == cut(as_chars) == text[:min(ends)[1]]
