@@ -203,10 +203,21 @@ class ModelRunner:
         ss = batch.sample_seqs
         # Filled after the forward pass is queued, so on a GPU the host writes masks while it computes.
         token_mask = self._token_mask(ss, logits)
-        tokens, logprobs = self.sampler.sample(
-            logits, [s.params for s in ss], [s.prompt_token_ids for s in ss],
-            [s.output_token_ids for s in ss], [self._generator(s) for s in ss], token_mask, greedy)
-        for row, (seq, tok, lp) in enumerate(zip(ss, tokens.tolist(), logprobs.tolist(), strict=True)):
+        generators = [self._generator(s) for s in ss]
+        # A seeded request's draws must not count twice: a step that fails after the noise was drawn runs
+        # its sequences again alone, and each seeded generator would have moved on (another answer).
+        states = [(g, g.get_state()) for s, g in zip(ss, generators, strict=True)
+                  if g is not None and s.params.seed is not None]
+        try:
+            tokens, logprobs = self.sampler.sample(
+                logits, [s.params for s in ss], [s.prompt_token_ids for s in ss],
+                [s.output_token_ids for s in ss], generators, token_mask, greedy)
+            tokens_list, logprobs_list = tokens.tolist(), logprobs.tolist()
+        except BaseException:
+            for generator, state in states:
+                generator.set_state(state)
+            raise
+        for row, (seq, tok, lp) in enumerate(zip(ss, tokens_list, logprobs_list, strict=True)):
             out.sampled[seq.seq_id] = tok
             out.logprobs[seq.seq_id] = lp
             if row in self.sampler.last_top_logprobs:

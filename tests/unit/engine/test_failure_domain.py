@@ -299,3 +299,33 @@ async def test_the_last_resort_answers_every_stream_even_when_ending_one_raises(
     assert len(done) == 3
     outcomes = sorted("raised" if t.exception() else t.result()[-1].error or "" for t in tasks)
     assert outcomes == ["engine error: loop broken", "engine error: loop broken", "raised"]
+
+
+async def test_a_step_that_fails_after_sampling_leaves_seeded_answers_as_they_were(tiny_model: LlamaModel) -> None:
+    """A step that raised after its noise was drawn ran its sequences again alone, and each seeded
+    generator had moved on: the same seed gave another answer than without the failure."""
+    seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
+
+    async def answers(fail_once: bool) -> list[list[int]]:
+        rig = Rig(tiny_model, asyncio.get_running_loop())
+        sampler, failures = rig.runner.runner.sampler, [fail_once]
+
+        def sample_then_fail(*args: object, **kwargs: object) -> object:
+            out = type(sampler).sample(sampler, *args, **kwargs)  # type: ignore[arg-type]
+            if failures[0]:
+                failures[0] = False
+                raise RuntimeError("the device failed after sampling")
+            return out
+
+        sampler.sample = sample_then_fail  # type: ignore[method-assign]
+        tasks = [asyncio.ensure_future(collect(rig.engine.generate([3, 4, 5 + i], seeded, f"r{i}",
+                                                                    class_name="chat", user="ann")))
+                 for i in range(2)]
+        for _ in range(60):
+            await asyncio.sleep(0)
+            rig.run(5)
+            if all(t.done() for t in tasks):
+                break
+        return [[tok for d in t.result() for tok in d.token_ids] for t in tasks]
+
+    assert await answers(fail_once=True) == await answers(fail_once=False)
