@@ -197,6 +197,13 @@ def lost_count(records: list[RequestRecord]) -> int:
     return sum(r.status in (PENDING, LOST) for r in records)
 
 
+def short_count(records: list[RequestRecord]) -> int:
+    """Finished requests whose server counted fewer output tokens than forced (every request sets
+    ``ignore_eos``): a server that ignores it (Ollama does) ends answers early, and a rate over shorter
+    answers is not the same figure. Ours never does: its failures end with an error event."""
+    return sum(r.ok and r.output_tokens is not None and r.output_tokens < r.max_tokens for r in records)
+
+
 def single_figures(records: list[RequestRecord]) -> dict[str, Any]:
     return {"single_decode_tok_s": percentile(present([r.decode_tok_s for r in records if r.ok]), 50)}
 
@@ -675,7 +682,8 @@ def assemble_report(url: str, model: str, opts: BenchOptions, figures: dict[str,
             "idle_repeat_ttft_p50_ms": None, "idle_repeat_ttft_p99_ms": None, **levels,
             "household": None, **figures,
             "errors": error_counts(records), "error_examples": error_examples(records),
-            "lost": lost_count(records), "rss_mb": memory, "load_avg_1m": load,
+            "lost": lost_count(records), "short_outputs": short_count(records), "rss_mb": memory,
+            "load_avg_1m": load,
             "prompt_tokens": prompt_tokens_seen(records), "chunk_token_ratio": chunk_token_ratio(records),
             "url": url, "model": model, "compiled_decode_ready": compiled, "server": info,
             "options": {**asdict(opts), "phases": list(opts.phases), "stream_levels": list(opts.stream_levels)}}

@@ -209,3 +209,14 @@ def test_a_request_that_stalled_before_the_window_ended_counts_as_stalled_and_in
     assert out["voice_ttft_p99_ms"] > 4000  # the silent one's 5 s, a lower bound
     # the stopped one's pending gap joins the pooled gaps (one of ~300 here: p99 stays, p100 would not)
     assert out[f"voice_{NTH_TOKEN}th_token_p99_ms"] > 7000
+
+
+def test_a_finished_request_with_fewer_tokens_than_forced_counts_as_short() -> None:
+    """Every request sets ignore_eos; a server that ignores it (Ollama does) ends answers early, and a
+    [DONE] after 1 of 32 tokens passed for a finished request."""
+    from homeai.bench.serve_bench import short_count
+
+    records = [record(output_tokens=32), record(output_tokens=1), record(status=CUT, output_tokens=3), record()]
+    for r in records:
+        r.max_tokens = 32
+    assert short_count(records) == 1
