@@ -101,7 +101,8 @@ def print_acceptance(report: dict[str, Any]) -> None:
               f"{t['lost_requests']:>5} {t['preemptions']:>7} {t['futile_preemptions']:>6} "
               f"{t['wasted_tokens']:>8}  {bg}")
     print(f"worst: ttft ratio {_num(report['worst_voice_ttft_p99_ratio'])}, itl/target "
-          f"{_num(report['worst_voice_itl_p99_over_target'])}, lost {report['lost_requests']}, background "
+          f"{_num(report['worst_voice_itl_p99_over_target'])}, lost {report['lost_requests']}, voice timed out "
+          f"{report['voice_rejections']}, background "
           f"{_num(report['worst_background_entitlement_ratio'])}; preemptions {report['preemptions']} "
           f"(futile {report['futile_preemptions']}), wasted tokens {report['wasted_tokens']}")
 
