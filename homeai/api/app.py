@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -83,7 +85,18 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
             Meter(services.metrics))
     else:
         gateway = Gateway(services.policy_holder, config, meter=Meter(services.metrics))  # meters every submission
-    await loop.run_in_executor(None, gateway.start)
+    try:
+        await loop.run_in_executor(None, gateway.start)
+    except Exception as exc:
+        if not settings.exit_on_start_failure:
+            raise
+        log.debug("the start failed", exc_info=exc)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        # its own line: the log's records go out through a queue, and one may be half written now
+        print(f"\nerror: cannot start: {type(exc).__name__}: {first} (a damaged model is pulled again by `homeai "
+              "pull --force NAME`)", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(1)
     services.gateway = gateway
     use_catalog(services.policy_holder, gateway.catalog)  # new policies: against what is pulled and fits
     log.info("serving %s on http://%s:%d", ", ".join(gateway.served_models()), settings.host, settings.port)

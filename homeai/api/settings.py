@@ -136,6 +136,9 @@ class Settings:
     allowed_hosts: tuple[str, ...] = field(default_factory=lambda: list_from_env(ALLOWED_HOSTS_ENV))
     # web page origins (besides the server's own) that may call it from a browser; "*": any
     origins: tuple[str, ...] = field(default_factory=lambda: list_from_env(ORIGINS_ENV))
+    # `homeai serve`: a start that fails (a damaged model, a device it cannot use) ends the process with one
+    # line and exit status 1, not uvicorn's lifespan traceback (repeated at every systemd restart)
+    exit_on_start_failure: bool = False
 
     @property
     def requires_keys(self) -> bool:

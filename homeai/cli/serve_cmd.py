@@ -71,7 +71,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # a bad setting in the environment: one line (under systemd a traceback repeated every restart)
         settings = Settings(host=args.host, port=args.port, data_dir=args.data_dir or default_data_dir(),
-                            policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device)
+                            policy_path=args.policy, kv_cache_mb=args.kv_cache_mb, device=args.device,
+                            exit_on_start_failure=True)
         if settings.database_url:
             check_database_url(settings.database_url)
     except SettingError as exc:
