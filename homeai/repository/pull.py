@@ -46,6 +46,7 @@ def pull(
 ) -> Path:
     """Make `entry` loadable from disk and return its folder (a no-op when already pulled)."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    remove_stale_builds(models_cache_dir(cache_dir))
     if isinstance(entry.source, HfFolderSource):
         if not entry.is_present(cache_dir):
             raise PullError(
@@ -235,6 +236,24 @@ def write_gguf_folder(meta: dict[str, Any], config_kwargs: dict[str, Any], out_d
     GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     ).save_pretrained(out_dir)
+
+
+STALE_BUILD_S = 24 * 3600  # a pull's temporary folder this old was left by a pull that was killed
+
+
+def remove_stale_builds(models_dir: Path, now: float | None = None) -> list[Path]:
+    """Remove the temporary folders of pulls that were killed (SIGKILL, out of memory: no cleanup ran), a
+    day old or more (a running pull's is younger); each held up to a converted model (~700 MB)."""
+    now = time.time() if now is None else now
+    removed = []
+    for folder in models_dir.glob(".tmp-*") if models_dir.is_dir() else []:
+        try:
+            if folder.is_dir() and now - folder.stat().st_mtime >= STALE_BUILD_S:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+        except OSError:
+            continue
+    return removed
 
 
 def _write_marker(entry: ModelEntry, build: Path, files: dict[str, str]) -> None:

@@ -168,3 +168,22 @@ def test_env_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_missing_repository_folder(tmp_path: Path) -> None:
     with pytest.raises(EntryError, match="does not exist"):
         load_entries(tmp_path / "nope")
+
+
+def test_a_killed_pulls_temporary_folder_goes_at_the_next_pull(tmp_path: Path) -> None:
+    """A pull killed by SIGKILL or the OOM killer left its .tmp-* folder (up to ~700 MB) for good. A day
+    old, it is removed; a younger one may be a pull running now and stays."""
+    import os
+    import time
+
+    from homeai.repository.pull import STALE_BUILD_S, remove_stale_builds
+
+    models = tmp_path / "models"
+    old, running = models / ".tmp-smol-abc", models / ".tmp-smol-def"
+    for folder in (old, running):
+        (folder / "smol").mkdir(parents=True)
+        (folder / "smol" / "model.safetensors").write_bytes(b"x" * 100)
+    stale = time.time() - STALE_BUILD_S - 60
+    os.utime(old, (stale, stale))
+    assert remove_stale_builds(models) == [old]
+    assert not old.exists() and running.exists()
