@@ -30,7 +30,7 @@ from homeai.cluster.replica import Refusal, ReplicaRequest, gateway_load
 from homeai.cluster.router import NoReplicaError, ReplicaLoad, Router, prompt_prefix
 from homeai.cluster.shared_fairness import SharedCounters
 from homeai.core.types import SamplingParams, TokenDelta
-from homeai.engine.errors import REPLICA_LOST, QueueTimeoutError, RequestError
+from homeai.engine.errors import REPLICA_LOST, QueueTimeoutError, RequestError, ShuttingDownError
 from homeai.gateway.gateway import Gateway, Route
 from homeai.gateway.metering import Submission
 from homeai.policy.schema import Policy
@@ -128,6 +128,8 @@ class ClusterGateway(Gateway):
         loads = self.replica_loads()
         self._check_global_queue(req, loads)
         while True:
+            if self.closing is not None:  # the drain's deadline passed while it waited to be placed
+                raise ShuttingDownError(self.closing)
             try:
                 placement = self.router.place(req.class_name, req.model, len(req.prompt_ids), prefix, loads,
                                               exclude=tried, user=req.user)
@@ -143,6 +145,11 @@ class ClusterGateway(Gateway):
             first, streamed = False, 0
             try:
                 async for item in self._stream_from(rid, req):
+                    if self.closing is not None and rid != LOCAL:  # the drain's deadline: a remote replica
+                        # gets no fail-all from here (the local engines do), so its stream ends here, with the
+                        # error every API turns into its final message (leaving it aborts it there)
+                        yield TokenDelta(req.request_id, "", [], len(req.prompt_ids), streamed, error=self.closing)
+                        return
                     if isinstance(item, Refusal):
                         if item.kind == "invalid":
                             raise RequestError(item.message)

@@ -167,3 +167,27 @@ def test_the_shared_fairness_counter_charges_as_a_single_box_does() -> None:
     gw._stream_from = timed_out  # type: ignore[method-assign]
     run(gw)
     assert charged == []
+
+
+def test_at_the_drain_deadline_a_remote_stream_ends_with_the_shutdown_error() -> None:
+    """The deadline's fail-all reached the engines loaded here only: a stream from a node's replica went
+    on until uvicorn cut it with no final message, and a request still waiting to be placed was sent."""
+    from homeai.api.drain import SHUTDOWN_MESSAGE, end_open_generations
+    from homeai.engine.errors import ShuttingDownError
+
+    gw = gateway({"a": [("lost after", 5)], "b": [TOKENS]})
+    req = ReplicaRequest("r1", "m", "voice", [1, 2, 3], SamplingParams(max_tokens=5), "alice")
+
+    async def two_tokens_then_the_deadline() -> list[TokenDelta]:
+        out = []
+        async for delta in gw._placed(req):
+            out.append(delta)
+            if len(out) == 2:
+                end_open_generations(gw)
+        return out
+
+    deltas = asyncio.run(two_tokens_then_the_deadline())
+    assert [d.text for d in deltas[:2]] == ["t0", "t1"] and len(deltas) == 3
+    assert deltas[-1].error == SHUTDOWN_MESSAGE and deltas[-1].num_output_tokens == 2
+    with pytest.raises(ShuttingDownError):
+        run(gw)
