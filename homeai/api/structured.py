@@ -126,7 +126,10 @@ def check_schema(schema: Any, field: str) -> None:
         keyword = where.rpartition(".")[2]
         raise BadRequest(f"JSON Schema keyword {keyword!r} (at {where}) cannot be enforced while the answer is "
                          "generated; write the schema without it", param=field)
-    ref = endless_ref(schema)
+    try:
+        ref = endless_ref(schema)
+    except RecursionError:  # a chain of $refs a thousand deep: no schema a tool or an answer needs
+        raise BadRequest("the JSON Schema's $refs lead more than a thousand levels deep", param=field) from None
     if ref is not None:
         raise BadRequest(f"the JSON Schema requires itself without end (through {ref}): no finite JSON "
                          "matches it", param=field)

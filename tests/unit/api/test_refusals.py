@@ -116,6 +116,12 @@ def test_a_schema_that_requires_itself_without_end_is_refused() -> None:
     for schema in finite:
         assert endless_ref(schema) is None
         assert response_format_constraint(json_schema(schema))
+    chain = {"$defs": {f"d{i}": {"type": "object", "properties": {"n": {"$ref": f"#/$defs/d{i + 1}"}},
+                                 "required": ["n"]} for i in range(5000)}, "$ref": "#/$defs/d0"}
+    chain["$defs"]["d5000"] = {"type": "integer"}
+    with pytest.raises(BadRequest) as refused:  # a RecursionError (a 500) before
+        response_format_constraint(json_schema(chain))
+    assert refused.value.param == "response_format.json_schema.schema"
 
 
 def test_tool_parameters_get_the_same_schema_refusals() -> None:
