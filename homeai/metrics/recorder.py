@@ -116,27 +116,14 @@ class MetricsRecorder:
 
     def _user_label(self, user: str) -> str:
         """The name ``user`` is counted under in the metrics and the per-user rates (see MAX_USER_LABELS)."""
-        label = user[:USER_LABEL_CHARS]
-        if label in self._user_labels:
-            return label
-        if len(self._user_labels) >= MAX_USER_LABELS:
-            return OTHER_USERS
-        self._user_labels.add(label)
-        return label
+        return _claim_label(self._user_labels, user)
 
     def stats_user_rows(self, users: Iterable[str]) -> dict[str, str]:
         """The /v1/stats row each of ``users`` is shown under (the scheduler's fairness counters name every
         user): the row of its rates where it has one, else a row of its own while the rows stay within
         MAX_USER_LABELS, else OTHER_USERS. Adds no metrics label."""
         rows = set(self._user_labels)
-        out: dict[str, str] = {}
-        for user in users:
-            label = user[:USER_LABEL_CHARS]
-            if label not in rows and len(rows) >= MAX_USER_LABELS:
-                label = OTHER_USERS
-            rows.add(label)
-            out[user] = label
-        return out
+        return {user: _claim_label(rows, user) for user in users}
 
     def queued(self, request_id: str, seconds: float) -> None:
         """The request left its class queue after ``seconds`` there (the engine's clock; observes
@@ -302,3 +289,15 @@ def _mean_itl_ms(live: _Live) -> float | None:
     if live.first_token_s is None or live.last_token_s is None or live.num_output_tokens < 2:
         return None
     return (live.last_token_s - live.first_token_s) / (live.num_output_tokens - 1) * 1e3
+
+
+def _claim_label(labels: set[str], user: str) -> str:
+    """``user``'s label in ``labels`` (cut to USER_LABEL_CHARS), added while there is room; OTHER_USERS
+    once MAX_USER_LABELS are taken."""
+    label = user[:USER_LABEL_CHARS]
+    if label in labels:
+        return label
+    if len(labels) >= MAX_USER_LABELS:
+        return OTHER_USERS
+    labels.add(label)
+    return label
