@@ -47,20 +47,26 @@ def now_iso() -> str:
 
 
 def sampling_params(options: Options | None) -> SamplingParams:
-    """Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1) for what is unset;
-    max_tokens is settled by admission."""
+    """Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1 over the last 64 tokens,
+    a random seed) for what is unset; max_tokens is settled by admission."""
     o = options or Options()
     return SamplingParams(
-        temperature=0.8 if o.temperature is None else o.temperature, top_k=40 if o.top_k is None else o.top_k,
-        top_p=0.9 if o.top_p is None else o.top_p, min_p=o.min_p or 0.0,
-        repetition_penalty=1.1 if o.repeat_penalty is None else o.repeat_penalty,
+        temperature=0.8 if o.temperature is None else o.temperature,
+        top_k=40 if o.top_k is None else int(o.top_k), top_p=0.9 if o.top_p is None else o.top_p,
+        min_p=o.min_p or 0.0, repetition_penalty=1.1 if o.repeat_penalty is None else o.repeat_penalty,
+        repeat_last_n=64 if o.repeat_last_n is None else int(o.repeat_last_n),
         presence_penalty=o.presence_penalty or 0.0, frequency_penalty=o.frequency_penalty or 0.0,
-        seed=o.seed, max_tokens=1, stop=[s for s in o.stop or [] if s])
+        seed=None if o.seed is None or o.seed < 0 else int(o.seed),  # below 0: Ollama's "random"
+        max_tokens=1, stop=[s for s in o.stop or [] if s])
 
 
 def requested_max_tokens(options: Options | None) -> int | None:
     n = options.num_predict if options else None
-    return n if n is not None and n > 0 else None  # -1 / -2 / 0: as much as the context allows
+    return int(n) if n is not None and n > 0 else None  # -1 / -2 / 0: as much as the context allows
+
+
+def num_ctx_of(options: Options | None) -> int | None:
+    return int(options.num_ctx) if options and options.num_ctx is not None else None
 
 
 def keep_alive_of(data: ChatRequest | GenerateRequest) -> float | None | Literal["policy"]:
@@ -84,7 +90,7 @@ def chat_request(data: ChatRequest) -> LLMRequest:
         data.model, "chat", sampling_params(data.options), requested_max_tokens(data.options), messages=messages,
         tools=parse_tools(data.tools), answer_format=ollama_format_constraint(data.format),
         user_spoke_last=data.messages[-1].role == "user", keep_alive_s=keep_alive_of(data),
-        num_ctx=data.options.num_ctx if data.options else None, fields=PromptFields("messages", "options.num_predict"))
+        num_ctx=num_ctx_of(data.options), fields=PromptFields("messages", "options.num_predict"))
 
 
 def generate_request(data: GenerateRequest) -> LLMRequest:
@@ -94,7 +100,7 @@ def generate_request(data: GenerateRequest) -> LLMRequest:
         raise BadRequest(f"model {data.model!r} does not take images", param="images")
     req = LLMRequest(data.model, "completion", sampling_params(data.options), requested_max_tokens(data.options),
                      context_ids=list(data.context or []), answer_format=ollama_format_constraint(data.format),
-                     keep_alive_s=keep_alive_of(data), num_ctx=data.options.num_ctx if data.options else None,
+                     keep_alive_s=keep_alive_of(data), num_ctx=num_ctx_of(data.options),
                      fields=PromptFields("prompt", "options.num_predict"))
     if data.raw:
         req.text = data.prompt
@@ -220,7 +226,7 @@ class OllamaController(Controller):
         # Ollama's truncate: the default (true) cuts a long input, false refuses it
         _, result = await admit_embedding(request, gateway, data.model, inputs, cut_long=data.truncate,
                                           dimensions=data.dimensions,
-                                          num_ctx=data.options.num_ctx if data.options else None)
+                                          num_ctx=num_ctx_of(data.options))
         return {"model": data.model, "embeddings": result.vectors.tolist(), "load_duration": 0,
                 "total_duration": time.monotonic_ns() - started_ns, "prompt_eval_count": result.num_tokens}
 

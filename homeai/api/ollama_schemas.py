@@ -47,20 +47,39 @@ class _KeepsAlive(Struct, kw_only=True):
         check_keep_alive(self.keep_alive)
 
 
-class Options(Struct, kw_only=True):
-    """Model options (Ollama's ``options``): the sampling subset we honour."""
+# Whole-number options also come as JSON floats: Home Assistant keeps its form's numbers as floats and
+# sends ``"num_ctx": 8192.0``; Ollama's Go side reads every number as a float64 and truncates it. So do we.
+NumPredict = Annotated[int, Meta(ge=-2, le=1_000_000)] | Annotated[float, Meta(ge=-2, le=1_000_000)]
+WholeTopK = TopK | Annotated[float, Meta(ge=0, le=1_000_000)]
+WholeSeed = Seed | Annotated[float, Meta(ge=-(2**63), lt=2**63)]
+NumCtx = Annotated[int, Meta(ge=1)] | Annotated[float, Meta(ge=1, lt=2**63)]
+RepeatLastN = Annotated[int, Meta(ge=-1, le=1_000_000)] | Annotated[float, Meta(ge=-1, le=1_000_000)]
+WHOLE_OPTIONS = ("num_predict", "top_k", "seed", "num_ctx", "repeat_last_n")
 
-    num_predict: Annotated[int, Meta(ge=-2, le=1_000_000)] | None = None  # -1: no limit, -2: fill the context
+
+class Options(Struct, kw_only=True):
+    """Model options (Ollama's ``options``): the sampling subset we honour. ``seed`` below 0 is Ollama's
+    "random" (its default is -1); ``repeat_last_n`` is how many of the last tokens ``repeat_penalty``
+    looks back on (Ollama's default 64; -1 the whole context, 0 off)."""
+
+    num_predict: NumPredict | None = None  # -1: no limit, -2: fill the context
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_k: TopK | None = None
+    top_k: WholeTopK | None = None
     min_p: MinP | None = None
-    seed: Seed | None = None
+    seed: WholeSeed | None = None
     stop: Annotated[list[str], Meta(max_length=16)] | None = None
-    num_ctx: Annotated[int, Meta(ge=1)] | None = None
+    num_ctx: NumCtx | None = None
     repeat_penalty: RepetitionPenalty | None = None
+    repeat_last_n: RepeatLastN | None = None
     presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+
+    def __post_init__(self) -> None:
+        for name in WHOLE_OPTIONS:
+            value = getattr(self, name)
+            if isinstance(value, float):
+                setattr(self, name, int(value))  # toward zero, as Go's int(float64)
 
 
 class OllamaMessage(Struct, kw_only=True):

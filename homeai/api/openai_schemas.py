@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
-TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+TopP = Annotated[float, Meta(ge=0.0, le=1.0)]  # 0: only the most likely token (as OpenAI and llama.cpp)
 MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
 TopK = Annotated[int, Meta(ge=0, le=1_000_000)]
 MaxTokens = Annotated[int, Meta(ge=1, le=1_000_000)]

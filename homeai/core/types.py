@@ -46,6 +46,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0  # 1.0: off (CTRL-style, applied to prompt and output tokens)
+    repeat_last_n: int = -1  # how many of the last prompt + output tokens it looks at: -1 all, 0 none (Ollama's)
     presence_penalty: float = 0.0  # OpenAI-style, output tokens only
     frequency_penalty: float = 0.0
     seed: int | None = None

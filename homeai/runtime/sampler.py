@@ -77,10 +77,21 @@ def _column(values: list[float], device: torch.device) -> Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
 
 
+def _last(prompt: list[int], output: list[int], n: int) -> list[int]:
+    """The last ``n`` tokens of prompt + output (all of them when ``n`` < 0), which the repetition penalty
+    looks back on."""
+    if n < 0:
+        return prompt + output
+    if n <= len(output):
+        return output[len(output) - n:]
+    return prompt[max(0, len(prompt) - (n - len(output))):] + output
+
+
 def apply_penalties(
     logits: Tensor, params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]]
 ) -> Tensor:
-    """Repetition (CTRL/HF, prompt + output), then frequency and presence (OpenAI, output only).
+    """Repetition (CTRL/HF, the last ``repeat_last_n`` of prompt + output), then frequency and presence
+    (OpenAI, output only).
 
     Returns a new tensor (or ``logits`` itself when no row asks for a penalty).
     """
@@ -88,7 +99,7 @@ def apply_penalties(
     device = logits.device
     if any(p.repetition_penalty != 1.0 for p in params):
         rows = [
-            prompt + output if p.repetition_penalty != 1.0 else []
+            _last(prompt, output, p.repeat_last_n) if p.repetition_penalty != 1.0 else []
             for p, prompt, output in zip(params, prompt_ids, output_ids, strict=True)
         ]
         seen = _count_ids(rows, vocab_size, device) > 0

@@ -44,9 +44,11 @@ ASK = "Turn on the kitchen light"
 RESULT = {"speech": {}, "response_type": "action_done", "data": {"success": [
     {"name": "Kitchen Light", "type": "entity", "id": "light.kitchen"}], "failed": []}}
 GREEDY = {"temperature": 0, "num_predict": 96}
-# What HA's Ollama integration sends on every chat: its default num_ctx (8,192, above the 2,048 served; a
-# 400 once) and keep_alive -1 (const.py DEFAULT_NUM_CTX, DEFAULT_KEEP_ALIVE; entity.py).
-HA_OLLAMA = {"options": {**GREEDY, "num_ctx": 8192}, "keep_alive": -1}
+# What HA's Ollama integration sends on every chat, as it reaches the wire: its default num_ctx (8,192,
+# above the 2,048 served; a 400 once) as a float, since HA's options form keeps numbers as floats and
+# entity.py passes num_ctx on unconverted (a 400 "Expected `int`" until whole-number options took floats),
+# and keep_alive -1 formatted as "-1.0s" (const.py DEFAULT_NUM_CTX, DEFAULT_KEEP_ALIVE; entity.py).
+HA_OLLAMA = {"options": {**GREEDY, "num_ctx": 8192.0}, "keep_alive": "-1.0s"}
 
 
 @pytest.fixture(scope="module")

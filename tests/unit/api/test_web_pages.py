@@ -265,6 +265,24 @@ async def test_ollama_numbers_and_keep_alive(client: AsyncTestClient[Any]) -> No
             assert (await client.post(path, json={**body, "keep_alive": fine})).status_code == 503, (path, fine)
 
 
+async def test_ollama_whole_number_options_may_come_as_floats(client: AsyncTestClient[Any]) -> None:
+    """Home Assistant's form keeps numbers as floats and sends ``"num_ctx": 8192.0``; Ollama reads every
+    number as a float64. Before: a 400 "Expected `int | null`, got `float`" on every chat."""
+    options = {"num_ctx": 8192.0, "num_predict": 12.0, "top_k": 40.0, "seed": 7.0, "repeat_last_n": 64.0}
+    for path, body in (("/api/chat", CHAT), ("/api/generate", {"model": "m", "prompt": "hi"}),
+                       ("/api/embed", {"model": "m", "input": "hi"})):
+        r = await client.post(path, json={**body, "options": options, "keep_alive": "-1.0s"})
+        assert r.status_code == 503, (path, r.text)  # let through, to the engine (still starting here)
+    r = await client.post("/api/chat", json={**CHAT, "options": {"num_ctx": "8192"}})  # a string stays a 400
+    assert r.status_code == 400 and "options.num_ctx" in r.json()["error"]
+
+
+async def test_top_p_0_is_taken(client: AsyncTestClient[Any]) -> None:
+    """OpenAI and llama.cpp take top_p 0 (the most likely token only). Before: a 400 "Expected float > 0"."""
+    assert (await client.post("/v1/chat/completions", json={**CHAT, "top_p": 0})).status_code == 503
+    assert (await client.post("/api/chat", json={**CHAT, "options": {"top_p": 0}})).status_code == 503
+
+
 # ---- 6. a large body is refused before it is read -------------------------------------------------
 async def test_a_9_mb_body_is_413_before_it_is_parsed(client: AsyncTestClient[Any]) -> None:
     """Before: bodies up to 10 MiB were read and parsed (and a refused one's memory kept by the allocator).

@@ -127,6 +127,30 @@ def test_repetition_penalty_touches_seen_tokens_only() -> None:
     assert torch.equal(out, torch.tensor([[1.0, -4.0, 2.0, -2.0, 1.0]]))
 
 
+def test_repetition_penalty_looks_back_repeat_last_n_tokens() -> None:
+    """Ollama's repeat_last_n (64 by default): a token seen only further back than that is not penalised.
+    Before: the penalty covered the whole prompt, entity names of a 2k-token system prompt included."""
+    logits = torch.tensor([[2.0, 2.0, 2.0, 2.0, 2.0]] * 4)
+    prompt, output = [0, 1, 2], [3]
+    params = [SamplingParams(repetition_penalty=2.0, repeat_last_n=n) for n in (2, 1, 0, -1)]
+    out = apply_penalties(logits, params, prompt_ids=[prompt] * 4, output_ids=[output] * 4)
+    assert out[0].tolist() == [2.0, 2.0, 1.0, 1.0, 2.0]  # the last two: 2 (prompt) and 3 (output)
+    assert out[1].tolist() == [2.0, 2.0, 2.0, 1.0, 2.0]
+    assert out[2].tolist() == [2.0] * 5  # 0: off
+    assert out[3].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0]  # -1: all of them
+
+
+def test_ollama_defaults_and_its_random_seed() -> None:
+    """Ollama's seed -1 (its default) means random. Before: manual_seed(-1), the same answer every time."""
+    from homeai.api.ollama_routes import sampling_params
+    from homeai.api.ollama_schemas import Options
+
+    assert sampling_params(Options(seed=-1)).seed is None
+    assert sampling_params(Options(seed=7)).seed == 7
+    params = sampling_params(None)
+    assert (params.repetition_penalty, params.repeat_last_n, params.top_k) == (1.1, 64, 40)
+
+
 def test_presence_and_frequency_penalties_use_output_counts_only() -> None:
     logits = torch.zeros(2, 5)
     params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), SamplingParams()]
