@@ -119,8 +119,11 @@ async def prompt_ids_of(engine: LLMEngine, req: LLMRequest, shape: AnswerShape) 
             return await tokenize(size, chat_prompt_ids, engine.tokenizer, messages, definitions)
         except Exception as exc:  # the template refused these messages (say, roles out of order)
             raise BadRequest(f"cannot apply the chat template: {exc}", param=req.fields.prompt) from exc
-    if req.text is not None:
-        return list(await tokenize(len(req.text), engine.tokenizer.encode, req.text, add_special_tokens=False))
+    if req.text is not None:  # as vLLM and Ollama's runner: the model's BOS first (Llama 3 needs it), unless
+        # the text goes on from earlier token ids or already starts with it
+        bos = getattr(engine.tokenizer, "bos_token", None)
+        special = not req.context_ids and not (bos and req.text.startswith(bos))
+        return list(await tokenize(len(req.text), engine.tokenizer.encode, req.text, add_special_tokens=special))
     ids = list(req.token_ids or [])
     check_token_ids(ids, engine.tokenizer_size, req.fields.prompt)
     return ids

@@ -34,6 +34,10 @@ def sampling_params(data: ChatCompletionRequest | CompletionRequest) -> Sampling
 
 
 def chat_request(data: ChatCompletionRequest) -> LLMRequest:
+    for legacy in ("functions", "function_call"):
+        if getattr(data, legacy) is not None:
+            raise BadRequest(f"{legacy} is the deprecated form of tools, which is supported: send tools and "
+                             "tool_choice", param=legacy)
     limit = "max_completion_tokens" if data.max_completion_tokens else "max_tokens"
     return LLMRequest(
         data.model, "chat", sampling_params(data), data.max_completion_tokens or data.max_tokens,
@@ -48,6 +52,10 @@ def completion_request(data: CompletionRequest) -> LLMRequest:
     raw = data.prompt
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
         raw = raw[0]  # one prompt in a list
+    if data.suffix:
+        raise BadRequest("suffix (fill in the middle) is not supported", param="suffix")
+    if data.best_of not in (None, 1):
+        raise BadRequest("only best_of=1 is supported", param="best_of")
     req = LLMRequest(data.model, "completion", sampling_params(data), data.max_tokens, logprobs=data.logprobs,
                      body_user=data.user, fields=PromptFields("prompt", "max_tokens"))
     if isinstance(raw, str):

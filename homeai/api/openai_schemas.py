@@ -113,6 +113,8 @@ class _Sampling(Struct, kw_only=True):
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    functions: list[Any] | None = None  # the deprecated form of tools: refused, never dropped silently
+    function_call: Any = None
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
@@ -126,6 +128,8 @@ class CompletionRequest(_Sampling, kw_only=True):
     prompt: str | list[Any]  # a string, [string], or token ids [int, ...] / [[int, ...]]
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    suffix: str | None = None  # refused unless empty (no fill-in-the-middle), never dropped silently
+    best_of: Annotated[int, Meta(ge=1)] | None = None  # refused above 1
 
 
 class EmbeddingRequest(Struct, kw_only=True):
