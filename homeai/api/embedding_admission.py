@@ -10,16 +10,18 @@ nobody would know. OpenAI's /v1/embeddings refuses such an input with a 400 nami
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from litestar import Request
 
 from homeai.api.errors import BadRequest, to_api_error
-from homeai.api.offload import text_size, tokenize
+from homeai.api.offload import INLINE_CHARS, text_size
 from homeai.api.routing import RequestContext, check_token_ids, request_context, route_request, warn_num_ctx
 from homeai.api.streaming import until_disconnect
 from homeai.engine.embed_service import EmbedResult
 from homeai.gateway.gateway import Gateway, Route
+from homeai.runtime.embedder import Embedder
 
 
 async def admit_embedding(request: Request[Any, Any, Any], gateway: Gateway, model: str | None,
@@ -38,6 +40,15 @@ async def admit_embedding(request: Request[Any, Any, Any], gateway: Gateway, mod
     return route, await run_embedding(request, gateway, route, inputs, ctx, cut_long)
 
 
+async def embedding_rows(embedder: Embedder, texts: list[str], cut_long: bool, limit: int) -> list[list[int]]:
+    """Token ids of ``texts``: here when short and the tokenizer is free, else on a worker thread (never
+    waiting on the event loop for a tokenization another thread runs)."""
+    rows = embedder.tokenize_if_free(texts, cut_long, limit) if text_size(texts) <= INLINE_CHARS else None
+    if rows is None:
+        rows = await asyncio.to_thread(embedder.tokenize, texts, cut_long, limit)
+    return rows
+
+
 async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route: Route,
                         inputs: list[str] | list[list[int]], ctx: RequestContext,
                         cut_long: bool = True) -> EmbedResult:
@@ -51,7 +62,7 @@ async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route
     if texts and len(texts) < len(inputs):
         raise BadRequest("input mixes texts and token ids; send one kind", param="input")
     if texts:
-        rows = await tokenize(text_size(texts), embedder.tokenize, texts, cut_long, limit)
+        rows = await embedding_rows(embedder, texts, cut_long, limit)
     else:
         rows = [list(r) for r in inputs if not isinstance(r, str)]
         for i, row in enumerate(rows):

@@ -106,12 +106,27 @@ class Embedder:
         class's limit), or uncut (to refuse what would be cut: a row longer than `max_length` must not be
         embedded)."""
         _check_texts(texts)
-        limit = min(max_length, self._max_length) if max_length else self._max_length
         with self._tokenizer_lock:
-            if truncate:
-                encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit)
-            else:
-                encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False)
+            return self._encode(texts, truncate, max_length)
+
+    def tokenize_if_free(self, texts: list[str], truncate: bool = True, max_length: int | None = None,
+                         ) -> list[list[int]] | None:
+        """``tokenize`` now, or None while another thread holds the tokenizer: the event loop must not wait
+        for an indexing batch's or a long request's tokenization (every stream stops meanwhile)."""
+        _check_texts(texts)
+        if not self._tokenizer_lock.acquire(blocking=False):
+            return None
+        try:
+            return self._encode(texts, truncate, max_length)
+        finally:
+            self._tokenizer_lock.release()
+
+    def _encode(self, texts: list[str], truncate: bool, max_length: int | None) -> list[list[int]]:
+        limit = min(max_length, self._max_length) if max_length else self._max_length
+        if truncate:
+            encoded = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit)
+        else:
+            encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False)
         return encoded["input_ids"]
 
     def count_tokens(self, texts: list[str]) -> list[int]:

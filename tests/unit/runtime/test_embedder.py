@@ -174,3 +174,32 @@ def test_import_leaves_transformers_modeling_out() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_a_short_query_never_waits_on_the_event_loop_for_the_tokenizer(embedder: Embedder) -> None:
+    """Another thread (an indexing batch, a 2,048-input request) holds the tokenizer; a search query's
+    tokenization must not block the event loop on it. Before: the query tokenized inline and waited on the
+    lock (1.58 s behind 2,048 long texts), and every stream, voice included, stopped meanwhile."""
+    import asyncio
+
+    from homeai.api.embedding_admission import embedding_rows
+
+    held, release = threading.Event(), threading.Event()
+    outcome: list[bool] = []
+
+    def hold() -> None:
+        with embedder._tokenizer_lock:
+            held.set()
+            outcome.append(release.wait(10.0))  # False: the loop never came back to release it
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    query = asyncio.ensure_future(embedding_rows(embedder, ["kitchen lights"], True, embedder.max_length))
+    await asyncio.sleep(0.01)  # the loop runs on while the query waits for the tokenizer
+    release.set()
+    rows = await query
+    holder.join()
+    assert outcome == [True]
+    assert rows == embedder.tokenize(["kitchen lights"])
+    assert embedder.tokenize_if_free(["kitchen lights"]) == rows  # free again: here, at once
