@@ -83,12 +83,18 @@ class EmbedService:
         return emb
 
     async def embed(self, class_name: str, inputs: list[str] | list[list[int]], user: str = "default",
-                    priority_level: int | None = None, timeout_us: int | None = None) -> EmbedResult:
+                    priority_level: int | None = None, timeout_us: int | None = None,
+                    model: str | None = None) -> EmbedResult:
+        """``model``: the encoder whose tokenizer made token rows in ``inputs`` (routed before a policy swap
+        may have moved the class: the device thread then fails them, rather than embedding one tokenizer's
+        ids with another encoder); None: the class's encoder now."""
         policy = self.batcher.policy
         embedder = self.model_for(class_name, policy)
+        if model is not None and model != policy.classes[class_name].model:
+            embedder = self.embedders.get(model) or embedder  # rows checked against their own encoder's length
         rows = token_rows(embedder, inputs)
         loop = asyncio.get_running_loop()
-        model = policy.classes[class_name].model
+        model = model or policy.classes[class_name].model
         items = [QueuedItem(f"emb-{next(self._ids)}", user, priority_level=priority_level,
                             timeout_override_us=timeout_us, cost=len(row),
                             payload=EmbedInput(row, loop, loop.create_future(), model)) for row in rows]

@@ -415,7 +415,7 @@ class Gateway:
         assert self.embed_service is not None
         num_tokens = sum(len(row) for row in inputs if not isinstance(row, str))
         sub = Submission(uuid.uuid4().hex, "embedding", route.class_name, user, route.model, num_tokens)
-        work = self.embed_service.embed(route.class_name, inputs, user, priority_level, timeout_us)
+        work = self.embed_service.embed(route.class_name, inputs, user, priority_level, timeout_us, route.model)
         return await self.meter.call(sub, work)
 
     # ---- stats -----------------------------------------------------------------------------------

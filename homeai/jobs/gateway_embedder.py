@@ -24,6 +24,10 @@ INDEXER_USER = "indexer"
 MAX_RETRIES = 100
 
 
+class ModelMovedError(RuntimeError):
+    """The embedding class moved to another encoder during a run: its chunks would mix two models."""
+
+
 class GatewayTextEmbedder:
     """``TextEmbedder`` over ``Gateway.embed`` in ``class_name`` (the policy's default embedding class
     when the policy has no such class)."""
@@ -33,6 +37,7 @@ class GatewayTextEmbedder:
         self.class_name = class_name
         self.user = user
         route = self._route()
+        self.model = route.model
         self.embedder = gateway.embedder(route.model)
         self.token_offsets = hf_token_offsets(self.embedder.tokenizer)
         self.max_chunk_tokens = int(self.embedder.max_length) - 2  # [CLS] and [SEP]
@@ -46,8 +51,12 @@ class GatewayTextEmbedder:
     async def embed(self, texts: list[str]) -> np.ndarray:
         rows = await asyncio.to_thread(self.embedder.tokenize, texts)
         for attempt in range(MAX_RETRIES):
+            route = self._route()
+            if route.model != self.model:  # a policy swap moved the class: these rows are the old tokenizer's
+                raise ModelMovedError(f"the {self.class_name!r} class now runs on model {route.model!r}, not "
+                                      f"{self.model!r}: the next run indexes with it")
             try:
-                result = await self.gateway.embed(self._route(), rows, self.user)
+                result = await self.gateway.embed(route, rows, self.user)
                 return np.asarray(result.vectors, dtype=np.float32)
             except QueueFullError as e:
                 wait_s = max(0.5, float(getattr(e, "retry_after_s", 1.0) or 1.0))

@@ -88,3 +88,37 @@ async def test_an_input_posted_before_the_class_moved_is_not_embedded_by_the_new
     await swap_and_run(rig, policy("e2"))
     error = posted.payload.future.exception()
     assert isinstance(error, QueueTimeoutError) and str(error) == "class 'indexing' now runs on model 'e2', not 'e'"
+
+
+class Tagged(FakeEncoder):
+    """An encoder that records which of them embedded which rows."""
+
+    def __init__(self, clock: object, name: str, log: list[tuple[str, list[list[int]]]]) -> None:
+        super().__init__(clock)
+        self.name, self.log = name, log
+
+    def embed(self, token_ids: list[list[int]]) -> object:  # type: ignore[override]
+        self.log.append((self.name, token_ids))
+        return super().embed(token_ids)
+
+
+async def test_rows_tokenized_before_a_move_are_not_embedded_by_the_new_encoder() -> None:
+    """Rows the route's encoder ('e') made, posted after a swap moved the class to 'e2': they fail (503) and
+    the caller tokenizes again. Before: they were stamped with the class's encoder at posting time, 'e2',
+    which embedded 'e''s token ids (an indexing run then filled the index with wrong vectors, silently)."""
+    log: list[tuple[str, list[list[int]]]] = []
+    rig = Rig(parse_policy(policy("e"), source="before"), asyncio.get_running_loop())
+    rig.embed.embedders["e"] = Tagged(rig.clock, "e", log)
+    rig.embed.embedders["e2"] = Tagged(rig.clock, "e2", log)
+    rig.loop.post_policy(parse_policy(policy("e2"), source="swap"))
+    rig.loop.run_once()  # the swap lands while the rows were being made
+    task = asyncio.ensure_future(rig.embed.embed("indexing", [[101, 7, 8, 102]], "indexer", model="e"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+        rig.loop.run_once()
+        rig.clock.advance(0.06)
+        if task.done():
+            break
+    with pytest.raises(QueueTimeoutError, match="now runs on model 'e2', not 'e'"):
+        task.result()
+    assert log == []
