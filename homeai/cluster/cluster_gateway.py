@@ -5,8 +5,9 @@ Everything but the steps stays here: HTTP, auth, policies, admission (prompts ar
 the local engine's tokenizer), metering, the store, jobs, embeddings. ``generate`` places a request
 (``Router.place``), streams its deltas from the chosen replica, and handles a replica that fails:
 
-- before the first token (a refusal of a full queue, a dead actor, a node that left): the request is
-  placed again on another replica; only when none is left does the client see the refusal (429/503);
+- before the first token (a refusal of a full queue, a dead actor, a node that left, an engine error there):
+  the request is placed again on another replica; only when none is left does the client see the refusal
+  (429/503) or the engine's error;
 - after it: the stream ends with an error delta that names the node, in the client's API format.
 
 So every request ends finished, rejected, timed out or failed with a reason, never lost. A class's
@@ -26,11 +27,19 @@ from typing import Any
 import ray
 
 from homeai.cluster.membership import Membership
-from homeai.cluster.replica import Refusal, ReplicaRequest, gateway_load
+from homeai.cluster.replica import MODEL_RETRY_AFTER_S, Refusal, ReplicaRequest, gateway_load
 from homeai.cluster.router import NoReplicaError, ReplicaLoad, Router, prompt_prefix
 from homeai.cluster.shared_fairness import SharedCounters
 from homeai.core.types import SamplingParams, TokenDelta
-from homeai.engine.errors import REPLICA_LOST, QueueTimeoutError, RequestError, ShuttingDownError
+from homeai.engine.errors import (
+    REPLICA_LOST,
+    ModelCapacityError,
+    ModelLoadError,
+    ModelUnloadedError,
+    QueueTimeoutError,
+    RequestError,
+    ShuttingDownError,
+)
 from homeai.gateway.gateway import Gateway, Route
 from homeai.gateway.metering import Submission
 from homeai.policy.schema import Policy
@@ -100,7 +109,7 @@ class ClusterGateway(Gateway):
                                      base_s=local["base_s"], row_s=local["row_s"],
                                      prompt_token_s=local["prompt_token_s"], free_kv_tokens=local["free_kv_tokens"],
                                      block_size=local["block_size"], queued=local["queued"],
-                                     running=local["running"]))
+                                     running=local["running"], failing=local["failing"]))
         return loads
 
     def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,
@@ -121,10 +130,26 @@ class ClusterGateway(Gateway):
             raise QueueFullError(FULL_RETRY_AFTER_S, req.class_name, req.priority_level or cp.default_priority_level)
 
     async def _placed(self, req: ReplicaRequest) -> AsyncGenerator[TokenDelta, None]:
+        """The request's deltas from the replicas (``_placements``), with the front door's copy of the model
+        leased meanwhile: its tokenizer reads the answer, so keep_alive must not unload it mid-request while
+        a node serves it."""
+        if self.pool is not None:
+            self.pool.lease(req.model)
+        stream = self._placements(req)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()  # a client that left: the replica's stream is closed, which aborts it
+            if self.pool is not None:
+                self.pool.release(req.model)
+
+    async def _placements(self, req: ReplicaRequest) -> AsyncGenerator[TokenDelta, None]:
         """The request's deltas from the replica the router picks, placed again while no token came."""
         prefix = prompt_prefix(req.model, req.prompt_ids)
         tried: set[str] = set()
         refusal: Refusal | None = None
+        failure: TokenDelta | None = None  # the error delta of a replica that failed before any token
         loads = self.replica_loads()
         self._check_global_queue(req, loads)
         while True:
@@ -134,17 +159,18 @@ class ClusterGateway(Gateway):
                 placement = self.router.place(req.class_name, req.model, len(req.prompt_ids), prefix, loads,
                                               exclude=tried, user=req.user)
             except NoReplicaError:
-                if refusal is not None and refusal.kind == "full":
-                    raise QueueFullError(refusal.retry_after_s, req.class_name) from None
-                raise QueueTimeoutError(f"no replica could take the request: {refusal.message if refusal else 'none'}"
-                                        ) from None
+                if failure is not None and refusal is not None and refusal.kind == "failed":
+                    yield failure  # no other replica: the engine's error, as a single box answers it
+                    return
+                raise self._unplaced(req, refusal) from None
             rid = placement.replica_id
             tried.add(rid)
             self._record_node(req.request_id, rid)
             self.router.dispatched(rid, req.class_name, len(req.prompt_ids), prefix, req.user)
             first, streamed = False, 0
+            stream = self._stream_from(rid, req)
             try:
-                async for item in self._stream_from(rid, req):
+                async for item in stream:
                     if self.closing is not None and rid != LOCAL:  # the drain's deadline: a remote replica
                         # gets no fail-all from here (the local engines do), so its stream ends here, with the
                         # error every API turns into its final message (leaving it aborts it there)
@@ -157,6 +183,9 @@ class ClusterGateway(Gateway):
                             raise QueueTimeoutError(item.message)
                         refusal = item
                         break  # a full queue there: placed again below
+                    if not first and self._failed_unstreamed(item):  # nothing reached the client: again
+                        refusal, failure = self._failed_there(req, rid, item), item
+                        break
                     if not first and (item.token_ids or item.finished or item.error is not None):
                         first = True
                         self.router.first_token(rid, req.class_name, len(req.prompt_ids))
@@ -187,7 +216,27 @@ class ClusterGateway(Gateway):
                 refusal = Refusal("full", str(exc), exc.retry_after_s)
             finally:
                 self.router.ended(rid, req.class_name, len(req.prompt_ids), first, req.user)
+                await stream.aclose()  # a replica's stream left unread (a client that left): it aborts there
             loads = self.replica_loads()
+
+    @staticmethod
+    def _unplaced(req: ReplicaRequest, refusal: Refusal | None) -> Exception:
+        """What the client gets when no replica is left to try: the last refusal, as its status."""
+        if refusal is not None and refusal.kind == "full":
+            return QueueFullError(refusal.retry_after_s, req.class_name)
+        return QueueTimeoutError(f"no replica could take the request: {refusal.message if refusal else 'none'}")
+
+    def _failed_unstreamed(self, item: TokenDelta) -> bool:
+        """An error delta before any token: the replica failed the request (a step that failed on its device)
+        and nothing reached the client, so another may serve it. Not a queue timeout (a 503: it waited its
+        whole timeout there) nor the drain's error (nothing starts after it)."""
+        return item.error is not None and not item.token_ids and not item.timed_out and self.closing is None
+
+    def _failed_there(self, req: ReplicaRequest, rid: str, item: TokenDelta) -> Refusal:
+        self.outcomes[rid, "failed"] += 1
+        log.warning("request %s: node %s failed it before its first token (%s); placing it elsewhere if it can",
+                    req.request_id, self._name(rid), item.error)
+        return Refusal("failed", item.error or "engine error")
 
     def _charge(self, req: ReplicaRequest, input_tokens: int, output_tokens: int) -> None:
         if self.fairness is not None:
@@ -213,14 +262,8 @@ class ClusterGateway(Gateway):
 
     async def _stream_from(self, rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
         if rid == LOCAL:
-            stream = self._leased(Route(req.model, req.class_name), self.llm(req.model), lambda engine: engine.generate(
-                req.prompt_ids, req.params, req.request_id, req.class_name, req.user, req.priority_level or None,
-                req.timeout_us or None), req.timeout_us)
-            try:
-                async for delta in stream:
-                    yield delta
-            finally:
-                await stream.aclose()
+            async for item in self._stream_locally(req):
+                yield item
             return
         assert self.membership is not None
         handle = self.membership.handle(rid)
@@ -243,6 +286,24 @@ class ClusterGateway(Gateway):
         finally:
             if not done:
                 ray.cancel(gen)  # the client left (or we gave up): the replica aborts the sequence
+
+    async def _stream_locally(self, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        """The front door's own device as a replica. Its model is loaded first if it left (keep_alive may
+        have unloaded it while a node served the request now placed here again), as a replica does."""
+        try:
+            engine = await self.ensure_llm(req.model, req.timeout_us / 1e6 if req.timeout_us else None,
+                                           req.class_name)
+        except (ModelCapacityError, ModelLoadError, ModelUnloadedError) as exc:  # another replica may have it
+            yield Refusal("unavailable", str(exc), MODEL_RETRY_AFTER_S)
+            return
+        stream = self._leased(Route(req.model, req.class_name), engine, lambda engine: engine.generate(
+            req.prompt_ids, req.params, req.request_id, req.class_name, req.user, req.priority_level or None,
+            req.timeout_us or None), req.timeout_us)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()
 
     # ---- stats -----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

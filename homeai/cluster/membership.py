@@ -55,6 +55,8 @@ class ReplicaState:
     load: ReplicaLoad | None = None
     pending: Any = None  # the ObjectRef of the ``ready`` call while loading
     error: str | None = None
+    swap: Any = None  # the ObjectRef of its latest ``set_policy`` call, until the poll has checked it
+    swap_error: str | None = None  # that swap failed there: it kept its old policy, and takes no request
 
     @property
     def replica_id(self) -> str:
@@ -127,7 +129,8 @@ class Membership:
                         "device": r.spec.device, "models": list(load.models if load else r.models),
                         "state": r.state, "replica": r.replica_id,
                         "running": dict(load.running) if load else {}, "queued": dict(load.queued) if load else {},
-                        "free_kv_tokens": load.free_kv_tokens if load else 0, "since_s": r.since_s, "error": r.error})
+                        "free_kv_tokens": load.free_kv_tokens if load else 0, "since_s": r.since_s,
+                        "error": r.error or r.swap_error})
         return out
 
     # ---- the poll --------------------------------------------------------------------------------
@@ -147,7 +150,8 @@ class Membership:
                 alive[spec.node_id] = spec
         for node_id, rep in list(self.replicas.items()):
             if rep.state == "standby" and node_id not in alive:
-                del self.replicas[node_id]
+                with self._lock:  # loads() and nodes() iterate the dict on other threads
+                    del self.replicas[node_id]
             elif rep.state != "left" and node_id not in alive:
                 self._leave(node_id, "node left the cluster")
         for node_id, spec in alive.items():
@@ -182,6 +186,7 @@ class Membership:
         log.info("node %s (%s, %s) joined: starting its replica", spec.name, spec.address, spec.device)
 
     def _poll_loads(self) -> None:
+        self._check_swaps()
         for rep in list(self.replicas.values()):
             if rep.state == "loading":
                 done, _ = ray.wait([rep.pending], timeout=0)
@@ -216,7 +221,8 @@ class Membership:
                                    models=tuple(data["models"]), loaded=tuple(data.get("loaded", data["models"])),
                                    base_s=data["base_s"], row_s=data["row_s"],
                                    prompt_token_s=data["prompt_token_s"], free_kv_tokens=data["free_kv_tokens"],
-                                   block_size=data["block_size"], queued=data["queued"], running=data["running"])
+                                   block_size=data["block_size"], queued=data["queued"], running=data["running"],
+                                   ready=rep.swap_error is None, failing=bool(data.get("failing", False)))
             if rep.state == "loading":
                 rep.state, rep.since_s = "ready", time.time()
 
@@ -234,6 +240,34 @@ class Membership:
             pass
 
     def _policy_swapped(self, policy: Policy) -> None:
+        """Send the new policy to every replica; whoever swapped does not wait for them (the poll checks)."""
+        with self._lock:
+            reps = [r for r in self.replicas.values() if r.state in ("loading", "ready")]
+        for rep in reps:
+            ref = rep.handle.set_policy.remote(policy)
+            with self._lock:
+                rep.swap = ref
+
+    def _check_swaps(self) -> None:
+        """The policy swaps the replicas finished (on this thread, never the event loop): a replica whose
+        swap failed kept its old policy, so it takes no request until a later swap succeeds there."""
         for rep in list(self.replicas.values()):
-            if rep.state in ("loading", "ready"):
-                rep.handle.set_policy.remote(policy)
+            ref = rep.swap
+            if ref is None or not ray.wait([ref], timeout=0)[0]:
+                continue
+            error = None
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass  # it died: its load poll finds it gone
+            except Exception as exc:
+                error = f"policy swap failed: {exc}"
+            with self._lock:
+                if rep.swap is not ref:  # a newer swap was sent meanwhile: that one decides
+                    continue
+                rep.swap, rep.swap_error = None, error
+                if rep.load is not None:
+                    rep.load = replace(rep.load, ready=error is None)
+            if error is not None:
+                log.error("node %s kept its old policy (no request goes there until a swap succeeds): %s",
+                          rep.spec.name, error)

@@ -44,7 +44,8 @@ class Refusal:
     """The replica did not take the request: ``kind`` is "full" (its class queue: placed elsewhere, or 429),
     "timeout" (its queue timeout passed there: 503), "invalid" (400) or "unavailable" (the model cannot be
     loaded there now: placed elsewhere, or 503). The front door also notes a replica lost before the first
-    token as "lost" (placed elsewhere, or 503)."""
+    token as "lost" (placed elsewhere, or 503), and one whose engine failed the request before it as
+    "failed" (placed elsewhere, or the engine's error)."""
 
     kind: str
     message: str
@@ -65,10 +66,13 @@ class ReplicaRequest:
 
 
 def llm_only(policy: Policy, models: list[str] | None) -> Policy:
-    """The policy a replica runs: its LLM classes (embeddings stay at the front door), on ``models`` if named."""
+    """The policy a replica runs: its LLM classes (embeddings stay at the front door), on ``models`` if named.
+    Without the ``cluster`` section: only the front door places replicas, and its entries name models this
+    subset may not serve (the policy's cross-check refused it, and the replica did not start)."""
     keep = {name for name, cp in policy.classes.items()
             if cp.kind == "llm" and (not models or cp.model in models)}
     data = policy.model_dump(by_alias=True, exclude_none=True)
+    data.pop("cluster", None)
     data["classes"] = {k: v for k, v in data["classes"].items() if k in keep}
     served = {data["classes"][k]["model"] for k in keep}
     data["models"] = {k: v for k, v in data.get("models", {}).items() if k in served}
@@ -144,13 +148,15 @@ class EngineReplica:
 
 def gateway_load(gateway: Gateway) -> dict[str, Any]:
     """What the router reads of a gateway: the fitted step cost, free KV and the queues (as its device
-    thread last published them; never read across threads)."""
+    thread last published them; never read across threads), and whether its engine keeps failing (its
+    requests end at once, so it would look idle and draw traffic)."""
     snap = Gateway.snapshot(gateway)  # the device's own, not a cluster's
     classes = snap.get("classes", {})
     # The LLMs it serves, loaded or not (an on-demand one loads when a request comes: advertising only the
     # loaded ones left a model that had left by keep_alive never routed there again), and those loaded now.
     served = {*gateway.llms, *(gateway.pool.models if gateway.pool is not None else {})}
     out: dict[str, Any] = {"device": str(gateway.device), "models": sorted(served), "loaded": sorted(gateway.llms),
+                           "failing": bool(gateway.engine_health()["failing"]),
                            "queued": {c: s.get("queued", 0) for c, s in classes.items()},
                            "running": {c: s.get("running", 0) for c, s in classes.items()},
                            "free_kv_tokens": 0, "block_size": 16, "base_s": 0.02, "row_s": 0.001,

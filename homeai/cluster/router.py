@@ -10,6 +10,9 @@ requests with the same object.
   system prompt every turn). A replica whose KV pool cannot take the prompt is a last resort.
 - A background class goes where capacity is idle: fewest live requests per unit of speed, interactive
   work counting far more than background.
+- Whatever the class, a replica whose engine keeps failing comes after every other (its requests end at
+  once, so it would look the idlest); it is tried only when no other serves the model (it stops counting
+  as failing once a step succeeds there, or a minute after its last failure).
 
 The router counts what it placed itself (``dispatched``/``first_token``/``ended``) and reads only costs and
 free KV from a replica's published load: every request goes through the one front door, so its own counts
@@ -50,6 +53,7 @@ class ReplicaLoad:
     running: dict[str, int] = field(default_factory=dict)  # class -> running sequences
     alive: bool = True
     ready: bool = True
+    failing: bool = False  # its engine keeps failing: its requests end at once, so it looks idle
 
 
 @dataclass(slots=True)
@@ -101,7 +105,7 @@ class Router:
             raise NoReplicaError(f"no live replica serves {model!r}")
         interactive = class_name in self.interactive
         # "Idle": nothing the router placed there is live. Voice never goes behind background while one is.
-        idle_exists = any(not any(self.placed_live(r.replica_id).values()) for r in candidates)
+        idle_exists = any(not any(self.placed_live(r.replica_id).values()) for r in candidates if not r.failing)
         scored = []
         for r in candidates:
             cached = self.cached_blocks(r.replica_id, prefix)
@@ -111,9 +115,10 @@ class Router:
             cold = r.loaded is not None and model not in r.loaded  # it loads the model first: seconds
             if interactive:
                 behind_background = idle_exists and self._live_background(r.replica_id) > 0
-                key: tuple[float, ...] = (not fits, cold, behind_background, ttft, -cached, self._user_live(r, user))
+                key: tuple[float, ...] = (r.failing, not fits, cold, behind_background, ttft, -cached,
+                                          self._user_live(r, user))
             else:
-                key = (not fits, cold, self.idle_score(r, class_name), ttft, self._user_live(r, user))
+                key = (r.failing, not fits, cold, self.idle_score(r, class_name), ttft, self._user_live(r, user))
             scored.append((key, r.replica_id, ttft, cached))
         _, rid, ttft, cached = min(scored)
         return Placement(rid, ttft, cached)

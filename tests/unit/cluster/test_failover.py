@@ -16,7 +16,7 @@ import yaml
 from homeai.cluster.cluster_gateway import ClusterGateway, ReplicaLostError
 from homeai.cluster.replica import Refusal, ReplicaRequest
 from homeai.cluster.router import ReplicaLoad
-from homeai.core.types import SamplingParams, TokenDelta
+from homeai.core.types import FinishReason, SamplingParams, TokenDelta
 from homeai.engine.errors import (
     REPLICA_LOST,
     ModelCapacityError,
@@ -30,13 +30,13 @@ from homeai.policy.store import PolicyHolder
 from homeai.scheduling.class_queue import QueueFullError
 
 POLICY = {"classes": {"voice": {"kind": "llm", "model": "m", "priority": 0}}}
-TOKENS, LOST = "tokens", "lost"
+TOKENS, LOST, FAILED = "tokens", "lost", "failed"
 
 
 def gateway(scripts: dict[str, list[Any]]) -> ClusterGateway:
     """Replicas "a" and "b"; each placement on a replica plays its next script entry: "tokens" (a full
-    answer), "lost" (the actor dies before a token), ("lost after", n) (it dies after n tokens), or a
-    Refusal."""
+    answer), "lost" (the actor dies before a token), ("lost after", n) (it dies after n tokens), "failed"
+    (its engine fails the request before a token: an error delta), or a Refusal."""
     gw = ClusterGateway(PolicyHolder(parse_policy(yaml.safe_dump(POLICY), source="test")), serve_locally=False)
     gw.router.set_interactive(["voice"])
     loads = [ReplicaLoad(rid, node=rid, models=("m",)) for rid in scripts]
@@ -49,6 +49,10 @@ def gateway(scripts: dict[str, list[Any]]) -> ClusterGateway:
             return
         if entry == LOST:
             raise ReplicaLostError("ActorDiedError")
+        if entry == FAILED:
+            yield TokenDelta(req.request_id, "", [], 3, 0, finish_reason=FinishReason.ABORT,
+                             error="engine error: CUDA error")
+            return
         n = entry[1] if isinstance(entry, tuple) else 3
         for i in range(n):
             yield TokenDelta(req.request_id, f"t{i}", [i], 3, i + 1,
@@ -191,3 +195,113 @@ def test_at_the_drain_deadline_a_remote_stream_ends_with_the_shutdown_error() ->
     assert deltas[-1].error == SHUTDOWN_MESSAGE and deltas[-1].num_output_tokens == 2
     with pytest.raises(ShuttingDownError):
         run(gw)
+
+
+def test_an_engine_error_before_the_first_token_moves_the_request() -> None:
+    """A node whose device kept failing answered each request with an error delta at once: the client got a
+    500 although nothing was streamed, and the node, always idle, drew the next request too."""
+    gw = gateway({"a": [FAILED], "b": [TOKENS]})
+    deltas = run(gw)
+    assert deltas[-1].finish_reason == "length" and all(d.error is None for d in deltas)
+    assert gw.served_by["r1"] == "b" and gw.outcomes["a", "failed"] == 1 and gw.outcomes["b", "served"] == 1
+    assert all(not any(gw.router.placed_live(rid).values()) for rid in ("a", "b"))
+
+
+def test_an_engine_error_on_every_replica_reaches_the_client_once() -> None:
+    """Each replica is tried once; the last one's error is the answer, as a single box gives it."""
+    gw = gateway({"a": [FAILED], "b": [FAILED]})
+    deltas = run(gw)
+    assert len(deltas) == 1 and deltas[0].error == "engine error: CUDA error"
+    assert gw.outcomes["a", "failed"] == 1 and gw.outcomes["b", "failed"] == 1
+
+
+def test_a_queue_timeout_delta_is_the_answer_not_placed_again() -> None:
+    gw = gateway({"a": [TOKENS], "b": [TOKENS]})
+
+    async def timed_out(rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        yield TokenDelta(req.request_id, "", [], 3, 0, finish_reason=FinishReason.ABORT, error="queue timeout",
+                         timed_out=True)
+
+    gw._stream_from = timed_out  # type: ignore[method-assign]
+    deltas = run(gw)
+    assert len(deltas) == 1 and deltas[0].timed_out and len(gw.served_by) == 1
+
+
+class Pool:
+    """The model pool's leases, counted; ``models``: the LLMs it may load."""
+
+    def __init__(self) -> None:
+        self.models = {"m": object()}
+        self.leases = 0
+
+    def lease(self, name: str) -> None:
+        self.leases += 1
+
+    def release(self, name: str) -> None:
+        self.leases -= 1
+
+
+def test_the_front_doors_model_is_leased_while_a_node_serves_the_request() -> None:
+    """The front door detokenizes the answer with its own copy of the model: keep_alive unloaded it while a
+    node streamed, and the answer's end could not be read."""
+    gw = gateway({"a": [TOKENS], "b": [TOKENS]})
+    gw.pool = Pool()  # type: ignore[assignment]
+    script, seen = gw._stream_from, []
+
+    async def watched(rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        async for item in script(rid, req):
+            seen.append(gw.pool.leases)  # type: ignore[union-attr]
+            yield item
+
+    gw._stream_from = watched  # type: ignore[method-assign]
+    run(gw)
+    assert seen and all(n == 1 for n in seen) and gw.pool.leases == 0  # type: ignore[union-attr]
+
+    gw = gateway({"a": [TOKENS], "b": [TOKENS]})
+    gw.pool = Pool()  # type: ignore[assignment]
+    req = ReplicaRequest("r2", "m", "voice", [1, 2, 3], SamplingParams(max_tokens=3), "alice")
+
+    async def leave_after_one() -> None:
+        stream = gw._placed(req)
+        await anext(stream)
+        await stream.aclose()  # the client left
+
+    asyncio.run(leave_after_one())
+    assert gw.pool.leases == 0  # type: ignore[union-attr]
+
+
+def test_placed_again_on_the_front_door_its_model_is_loaded_if_it_left() -> None:
+    """A request placed on the front door's device after a node lost it asked ``llm`` for an engine: a model
+    keep_alive had unloaded meanwhile was a 503 ("not loaded") instead of loaded again."""
+
+    class Engine:
+        def generate(self, *args: Any) -> AsyncGenerator[TokenDelta, None]:
+            async def deltas() -> AsyncGenerator[TokenDelta, None]:
+                yield TokenDelta("r1", "hi", [7], 3, 1, finish_reason=FinishReason.STOP)
+            return deltas()
+
+    gw = ClusterGateway(PolicyHolder(parse_policy(yaml.safe_dump(POLICY), source="test")))
+    gw.pool = Pool()  # type: ignore[assignment]
+    loaded: list[str] = []
+
+    async def ensure_llm(model: str, timeout_s: float | None = None, class_name: str = "",
+                         max_waiting: int = 0) -> Any:
+        loaded.append(model)
+        return Engine()
+
+    gw.ensure_llm = ensure_llm  # type: ignore[method-assign]
+    req = ReplicaRequest("r1", "m", "voice", [1, 2, 3], SamplingParams(max_tokens=3), "alice")
+
+    async def collect() -> list[TokenDelta | Refusal]:
+        return [d async for d in gw._stream_from("local", req)]
+
+    out = asyncio.run(collect())
+    assert loaded == ["m"] and isinstance(out[-1], TokenDelta) and out[-1].finish_reason == "stop"
+
+    async def cannot_fit(model: str, timeout_s: float | None = None, class_name: str = "",
+                         max_waiting: int = 0) -> Any:
+        raise ModelCapacityError(model, "m does not fit")
+
+    gw.ensure_llm = cannot_fit  # type: ignore[method-assign]
+    out = asyncio.run(collect())
+    assert isinstance(out[-1], Refusal) and out[-1].kind == "unavailable"  # another replica may take it
