@@ -97,17 +97,20 @@ async def _stats_events(services: Services, interval_s: float, count: int | None
 
 def key_still_reads_metrics(request: Request[Any, Any, Any],
                             services: Services) -> Callable[[], Awaitable[bool]] | None:
-    """For a stream opened with a key: whether that key still may read the figures (checked before each
-    event; the caller was checked once per request, and a revoked key's open stream went on for good)."""
+    """Whether the stream's caller still may read the figures (checked before each event; the caller was
+    checked once per request): a revoked key's open stream went on for good, and so did a keyless one
+    opened while the server was open, after the first key closed it."""
     key, store = presented_key(request), services.store
-    if key is None or store is None:
+    if store is None:
         return None
 
     async def allowed() -> bool:
         try:
+            if key is None:  # keyless: allowed only while no key is needed
+                return not services.settings.requires_keys and not await store.keys.has_active()
             info = await store.keys.verify(key)
         except KeyStoreUnavailable:
-            return True  # the store is down a moment: the key was good, the next check decides
+            return True  # the store is down a moment: the caller was let in, the next check decides
         return info is not None and (info.is_admin or METRICS_SCOPE in info.scopes)
 
     return allowed

@@ -173,4 +173,19 @@ async def test_a_revoked_key_ends_its_open_stats_stream(store: Store, tmp_path: 
     await store.keys.revoke("grafana")
     received += [e async for e in events]
     assert len(received) == 2
-    assert key_still_reads_metrics(SimpleNamespace(headers={}), services) is None  # type: ignore[arg-type]
+
+
+async def test_a_keyless_stats_stream_ends_when_the_first_key_is_made(store: Store, tmp_path: Path) -> None:
+    """Opened while the loopback server was open (no key yet): the first ``homeai keys create`` closes the
+    server to keyless requests, and before, the open stream went on sending every member's figures."""
+    from types import SimpleNamespace
+
+    from homeai.api.observability_routes import _stats_events, key_still_reads_metrics
+
+    services = Services(Settings(data_dir=tmp_path), PolicyHolder(load_policy(DEFAULT_POLICY)), store=store)
+    request = SimpleNamespace(headers={})
+    events = _stats_events(services, 0.001, 200, key_still_reads_metrics(request, services))  # type: ignore[arg-type]
+    received = [await anext(events), await anext(events)]
+    await store.keys.create("root", is_admin=True)
+    received += [e async for e in events]
+    assert len(received) == 2
