@@ -154,7 +154,8 @@ class Settings:
         Returns the policy path to load. An explicit ``policy_path`` is used as it is (never copied),
         so a test or an admin can point the server at any file.
         """
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.data_dir.exists():  # the household's documents, request log and key hashes: its owner's
+            self.data_dir.mkdir(parents=True, mode=0o700)
         path = self.resolved_policy_path()
         if self.policy_path is None and not path.exists():
             shutil.copyfile(DEFAULT_POLICY, path)

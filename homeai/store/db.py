@@ -76,6 +76,7 @@ class Store:
             database = make_url(self.url).database
             if database and database != ":memory:":
                 Path(database).parent.mkdir(parents=True, exist_ok=True)
+                owner_only(Path(database))
             kwargs["connect_args"] = {"timeout": 10}
         engine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
@@ -130,6 +131,16 @@ class Store:
         except Exception as e:  # any failure means "not available"
             log.warning("store ping failed: %s", e)
             return False
+
+
+def owner_only(database: Path) -> None:
+    """The SQLite file (and its WAL and shared-memory files, which SQLite creates with the database's mode)
+    readable by its owner only: it holds every indexed chunk's text, the request log and key hashes, and
+    another account on a shared PC read them past the collections' readers with the umask's 0644."""
+    database.touch(mode=0o600, exist_ok=True)
+    for path in (database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
+        if path.exists() and path.stat().st_mode & 0o077:
+            path.chmod(0o600)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

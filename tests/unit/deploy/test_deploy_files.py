@@ -166,7 +166,7 @@ def test_node_unit_joins_with_the_example_env() -> None:
 def test_node_unit_keeps_the_gateway_units_service_settings() -> None:
     gateway, node = read_unit(GATEWAY_UNIT), read_unit(NODE_UNIT)
     same = ("User", "WorkingDirectory", "KillSignal", "KillMode", "TimeoutStopSec", "SuccessExitStatus",
-            "Restart", "RestartSec", "StateDirectory", "CacheDirectory")
+            "Restart", "RestartSec", "StateDirectory", "StateDirectoryMode", "UMask", "CacheDirectory")
     for key in same:
         assert node["Service"].get(key) == gateway["Service"].get(key), key
     assert node["Service"]["Restart"] == ["on-failure"]
@@ -180,6 +180,13 @@ def test_node_unit_keeps_the_gateway_units_service_settings() -> None:
     assert gateway_env.startswith("-"), "the gateway runs without a cluster file"
     assert not node_env.startswith("-"), "a node cannot run without its address and token"
     assert {"HOMEAI_CLUSTER_ADDRESS", "HOMEAI_CLUSTER_TOKEN"} <= read_env(DEPLOY / "node.env.example").keys()
+
+
+def test_the_gateways_data_is_its_service_users_alone() -> None:
+    """Before: /var/lib/homeai was 0755 and homeai.db 0644, so any account on the box read every indexed
+    chunk and the request log past the collections' readers."""
+    service = read_unit(GATEWAY_UNIT)["Service"]
+    assert service["StateDirectoryMode"] == ["0700"] and service["UMask"] == ["0077"]
 
 
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
