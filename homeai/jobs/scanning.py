@@ -4,6 +4,7 @@ documents already committed to the collection (new, changed, unchanged, deleted)
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -16,6 +17,10 @@ from homeai.store.collections import StoredDocument
 
 log = logging.getLogger(__name__)
 
+# A file is read, decoded and tokenized whole (the tokenizer's offsets alone take ~100 B a token): one of a
+# few hundred MB dropped into an indexed folder took gigabytes, and the server was killed at every run.
+MAX_FILE_BYTES = 64 * 2**20
+
 
 @dataclass(frozen=True, slots=True)
 class FoundFile:
@@ -24,11 +29,19 @@ class FoundFile:
     size: int
     real_root: Path | None = None  # the job's folder, symbolic links resolved: reads stay below it
 
-    def read(self) -> bytes:
-        """The file's bytes, checked again at read time (a link may have been swapped since the scan)."""
+    def read(self, limit: int | None = None) -> bytes:
+        """The file's bytes, checked again at read time (a link may have been swapped since the scan), and
+        refused above ``limit`` (``MAX_FILE_BYTES``) without reading them."""
+        limit = MAX_FILE_BYTES if limit is None else limit
         if self.real_root is not None and not stays_inside(self.path, self.real_root):
             raise PermissionError(f"{self.path} links outside the job's folder")
-        return self.path.read_bytes()
+        with self.path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            raise OSError(errno.EFBIG, f"too large to index: {max(size, len(data)):,} bytes, more than "
+                                       f"{limit:,}")
+        return data
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -133,6 +133,22 @@ async def test_progress_is_committed_with_each_file(store: Store, embedder: Fake
     assert found.done_chunks == found.total_chunks == indexer.progress.total_chunks > 0
 
 
+async def test_a_file_above_the_size_limit_is_refused_unread(store: Store, embedder: FakeEmbedder, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a security review: a file was read, decoded and tokenized whole, so a few hundred MB dropped
+    into a shared indexed folder took gigabytes at every run and the server was killed."""
+    from homeai.jobs import scanning
+
+    monkeypatch.setattr(scanning, "MAX_FILE_BYTES", 1000)
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "huge.txt").write_text("words " * 500)
+    (root / "ok.md").write_text("fine text")
+    outcome = await Indexer(store.collections, None, embedder).run(spec(root))
+    assert len(outcome.failed) == 1 and "huge.txt" in outcome.failed[0] and "too large to index" in outcome.failed[0]
+    assert [c[2] for c in await chunk_set(store, "docs")] == ["fine text"]
+
+
 async def test_unreadable_files_and_missing_folder(store: Store, embedder: FakeEmbedder, tmp_path: Path) -> None:
     root = tmp_path / "docs"
     root.mkdir()
