@@ -27,11 +27,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Protocol
 
 from litestar import Request, Response, Router, get
+from litestar.exceptions import NotAuthorizedException, ServiceUnavailableException
 from litestar.params import Parameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from homeai.api.auth import METRICS_SCOPE, presented_key
+from homeai.api.auth import METRICS_SCOPE, presented_key, resolve_caller
 from homeai.api.services import Injected, Services
 from homeai.metrics.stats import build_stats
 from homeai.runtime.device import process_rss_mb
@@ -152,8 +153,24 @@ def gateway_started(gateway: ServingGateway) -> bool:
     return bool(gateway.started_s) and gateway.loop is not None
 
 
-@get("/readyz", summary="Readiness", opt={"auth": "public"})
-async def readyz(services: Injected[Services]) -> Response[dict[str, Any]]:
+async def may_read_details(request: Request[Any, Any, Any]) -> bool:
+    """Whether a /readyz caller sees why (the policy file, its errors quoting household user names, the
+    engine's last error, the models): a caller who may read statistics. Anyone else gets the status only."""
+    try:
+        return (await resolve_caller(request)).may_read_metrics()
+    except (NotAuthorizedException, ServiceUnavailableException):
+        return False
+
+
+@get("/readyz", summary="Readiness (the reasons only for a caller who may read statistics)", opt={"auth": "public"})
+async def readyz(request: Request[Any, Any, Any], services: Injected[Services]) -> Response[dict[str, Any]]:
+    response = await _readiness(services)
+    if response.content.keys() - {"status", "store"} and not await may_read_details(request):
+        response.content = {k: v for k, v in response.content.items() if k in ("status", "store")}
+    return response
+
+
+async def _readiness(services: Services) -> Response[dict[str, Any]]:
     gateway = services.gateway
     drain = services.drain
     if drain.draining:  # a balancer stops sending here; requests get 503 anyway

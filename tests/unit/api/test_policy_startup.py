@@ -109,3 +109,23 @@ def test_a_class_naming_an_unknown_model_is_reported_at_the_class() -> None:
         parse_policy(text.replace("      max_queue_size: 16 ", "      max_queue_size: -1 ", 1), "p.yaml", known)
     assert [p for p, _ in both.value.errors] == ["classes.voice.model",
                                                  "classes.voice.default_queue_policy.max_queue_size"]
+
+
+async def test_readyz_gives_its_reasons_only_to_a_caller_who_may_read_statistics(tmp_path: Path,
+                                                                                  store: Store) -> None:
+    """/readyz is public: on a keyed server a stranger read the policy file's path, its errors (which quote
+    household user names), the engine's last error and the models. Found by a security review."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(INVALID, encoding="utf-8")
+    holder, refusal = startup_holder(path)
+    assert refusal is not None
+    await fall_back_to_stored(holder, store, refusal)
+    await store.keys.create("root", is_admin=True)
+    grafana, _ = await store.keys.create("grafana", scopes=["metrics"])
+    async with AsyncTestClient(app=ready_app(holder, store, refusal, tmp_path)) as client:
+        r = await client.get("/readyz")
+        assert r.status_code == 200 and r.json() == {"status": "degraded", "store": "ok"}
+        r = await client.get("/readyz", headers={"Authorization": "Bearer not-a-key"})
+        assert r.json() == {"status": "degraded", "store": "ok"}
+        r = await client.get("/readyz", headers={"Authorization": f"Bearer {grafana}"})
+        assert "max_queue_size" in r.json()["reason"] and r.json()["policy"]["file"] == str(path)
