@@ -139,7 +139,7 @@ async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest],
     route = route_request(gateway, None, ctx, "embedding")
     result = await run_embedding(request, gateway, route, [data.query], ctx)
     try:
-        hits = await index.search(collection_id, result.vectors[0], data.k)
+        hits = await index.search(collection_id, result.vectors[0], data.k, route.model)
     except ValueError as e:
         raise BadRequest(str(e), param="collection") from None
     return SearchResponse([SearchHit(h.text, h.score, h.document) for h in hits])

@@ -112,7 +112,7 @@ class Indexer:
         outcome = IndexOutcome()
         gone = deleted_paths(stored, root, {str(f.path) for f in files})
         outcome.num_removed = await self.collections.remove_documents(cid, gone)
-        if await self.collections.vector_widths(cid) - {self.embedder.dim}:
+        if await self._other_model_indexed(cid):
             # Indexed with another embedding model before: an unchanged file's vectors are of no use to a
             # query now, so every file is indexed again (its content hash alone kept them for good).
             log.info("collection %r holds vectors of another embedding model: indexing every file again",
@@ -125,6 +125,18 @@ class Indexer:
         if not outcome.stopped:
             self.progress.phase = "done"
         return outcome
+
+    async def _other_model_indexed(self, cid: int) -> bool:
+        """Vectors of another width, or of another encoder of this width (same shape, other meaning); a
+        document of unknown model (written before models were recorded) counts by its width alone."""
+        dim, model = self.embedder.dim, self.model
+        return any(w != dim or (m is not None and model is not None and m != model)
+                   for m, w in await self.collections.vector_spaces(cid))
+
+    @property
+    def model(self) -> str | None:
+        """The encoder the vectors come from (None: an embedder that does not say, as tests' do)."""
+        return getattr(self.embedder, "model", None)
 
     # ---- 1. plan: which files need work, and how many chunks in all ------------------------------
     async def _plan(self, files: list[FoundFile], stored: dict[str, StoredDocument], size: int, overlap: int,
@@ -232,7 +244,7 @@ class Indexer:
             rows = [NewChunk(c.text, c.num_tokens, vectors[at + i]) for i, c in enumerate(chunks)]
             at += len(chunks)
             await self.collections.commit_document(cid, str(item.file.path), item.sha256, item.file.mtime, rows,
-                                                   self.job_id if self.jobs is not None else None)
+                                                   self.job_id if self.jobs is not None else None, self.model)
             self.progress.add(len(rows))
             outcome.num_indexed += 1
             outcome.num_chunks += len(rows)

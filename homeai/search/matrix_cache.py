@@ -37,13 +37,14 @@ def top_k(matrix: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np
 class SearchIndex:
     def __init__(self, collections: Collections) -> None:
         self.collections = collections
-        self._cache: dict[tuple[int, int], CollectionVectors] = {}  # (collection, dimensions)
+        self._cache: dict[tuple[int, int, str | None], CollectionVectors] = {}  # (collection, dimensions, model)
         self._locks: dict[int, asyncio.Lock] = {}
         self.num_loads = 0  # how often a matrix was (re)loaded (tests, stats)
 
-    async def vectors(self, collection_id: int, dim: int) -> CollectionVectors:
-        """The collection's vectors of ``dim`` dimensions, loaded again only when its version moved."""
-        key = (collection_id, dim)
+    async def vectors(self, collection_id: int, dim: int, model: str | None = None) -> CollectionVectors:
+        """The collection's vectors of ``dim`` dimensions (that ``model`` made, if named), loaded again only
+        when its version moved."""
+        key = (collection_id, dim, model)
         version = await self.collections.version(collection_id)
         cached = self._cache.get(key)
         if cached is not None and cached.version == version:
@@ -51,22 +52,33 @@ class SearchIndex:
         async with self._locks.setdefault(collection_id, asyncio.Lock()):
             cached = self._cache.get(key)
             if cached is None or cached.version != version:
-                cached = await self.collections.vectors(collection_id, dim)
+                cached = await self.collections.vectors(collection_id, dim, model)
                 self._cache[key] = cached
                 self.num_loads += 1
         return cached
 
-    async def search(self, collection_id: int, query: np.ndarray, k: int) -> list[Hit]:
-        """The ``k`` chunks nearest ``query``, among those embedded by a model of its width (a collection
-        indexed with another model before answers from what was indexed again since)."""
+    async def search(self, collection_id: int, query: np.ndarray, k: int, model: str | None = None) -> list[Hit]:
+        """The ``k`` chunks nearest ``query``, among those embedded by ``model`` (any model of the query's
+        width when None): two encoders of one width make vectors of the same shape that mean different things
+        (a collection indexed with another model before answers from what was indexed again since)."""
         dim = int(query.shape[-1])
-        data = await self.vectors(collection_id, dim)
-        if not data.matrix.shape[0] and (widths := await self.collections.vector_widths(collection_id)) - {dim}:
-            raise ValueError(f"the collection's vectors have {', '.join(map(str, sorted(widths)))} dimensions, the "
-                             f"query {dim}: it was indexed with another embedding model (run its index job again)")
+        data = await self.vectors(collection_id, dim, model)
+        if not data.matrix.shape[0]:
+            others = {(m, w) for m, w in await self.collections.vector_spaces(collection_id)
+                      if w != dim or (model is not None and m not in (model, None))}
+            if others:
+                raise ValueError(f"it was indexed with another embedding model: the collection holds "
+                                 f"{_spaces(others)}, the query is {_spaces({(model, dim)})}; search with a class "
+                                 "on its model, or run its index job again")
         if data.matrix.shape[0] > THREAD_ABOVE_ROWS:
             rows, scores = await asyncio.to_thread(top_k, data.matrix, query, k)
         else:
             rows, scores = top_k(data.matrix, query, k)
         return [Hit(data.texts[i], float(s), data.documents[i]) for i, s in zip(rows.tolist(), scores.tolist(),
                                                                                   strict=True)]
+
+
+def _spaces(spaces: set[tuple[str | None, int]]) -> str:
+    """"model 'a' (384 dimensions)" for each, or "vectors of 8 dimensions" where the model is unknown."""
+    return " and ".join(f"model {m!r} ({w} dimensions)" if m else f"vectors of {w} dimensions"
+                        for m, w in sorted(spaces, key=lambda s: (s[0] or "", s[1])))

@@ -137,19 +137,21 @@ class Collections:
             return {path: StoredDocument(id_, sha, n) for path, id_, sha, n in await session.execute(query)}
 
     async def commit_document(self, collection_id: int, path: str, sha256: str, mtime: float,
-                              chunks: Sequence[NewChunk], job_id: int | None = None) -> int:
-        """Replace the document's chunks and hash in one transaction (and count it in the job's progress)."""
+                              chunks: Sequence[NewChunk], job_id: int | None = None, model: str | None = None) -> int:
+        """Replace the document's chunks and hash in one transaction (and count it in the job's progress);
+        ``model``: the encoder that made the chunks' vectors."""
         async with self._sessions.begin() as session:
             doc = await session.scalar(select(DocumentRow).where(DocumentRow.collection_id == collection_id,
                                                                  DocumentRow.path == path))
             if doc is None:
                 doc = DocumentRow(collection_id=collection_id, path=path, sha256=sha256, mtime=mtime,
-                                  num_chunks=len(chunks), indexed_at=utcnow())
+                                  num_chunks=len(chunks), indexed_at=utcnow(), embedding_model=model)
                 session.add(doc)
                 await session.flush()
             else:
                 await session.execute(delete(ChunkRow).where(ChunkRow.document_id == doc.id))
                 doc.sha256, doc.mtime, doc.num_chunks, doc.indexed_at = sha256, mtime, len(chunks), utcnow()
+                doc.embedding_model = model
             if chunks:
                 await session.execute(insert(ChunkRow), [
                     {"document_id": doc.id, "ordinal": i, "text": c.text, "num_tokens": c.num_tokens,
@@ -178,12 +180,13 @@ class Collections:
                 await self._bump(session, collection_id)
             return removed
 
-    async def vectors(self, collection_id: int, dim: int | None = None) -> CollectionVectors:
+    async def vectors(self, collection_id: int, dim: int | None = None, model: str | None = None) -> CollectionVectors:
         """Texts, document paths and the vector matrix of every chunk, with the version they belong to;
         with ``dim``, of the chunks whose vectors have that many dimensions only (a collection indexed with
         another embedding model before holds others until its documents are indexed again: reshaping
-        vectors of two widths into one matrix made rows of neither)."""
-        query = (select(ChunkRow.text, ChunkRow.vector, DocumentRow.path)
+        vectors of two widths into one matrix made rows of neither); with ``model``, of the chunks that
+        model embedded (or an unknown one, of that width: written before models were recorded)."""
+        query = (select(ChunkRow.text, ChunkRow.vector, DocumentRow.path, DocumentRow.embedding_model)
                  .join(DocumentRow, ChunkRow.document_id == DocumentRow.id)
                  .where(DocumentRow.collection_id == collection_id)
                  .order_by(ChunkRow.document_id, ChunkRow.ordinal))
@@ -193,6 +196,8 @@ class Collections:
             rows = (await session.execute(query)).all()
         if dim is not None:
             rows = [r for r in rows if len(r[1]) == 4 * dim]
+        if model is not None:
+            rows = [r for r in rows if r[3] in (model, None)]
         texts = [r[0] for r in rows]
         documents = [r[2] for r in rows]
         if rows:
@@ -203,10 +208,16 @@ class Collections:
 
     async def vector_widths(self, collection_id: int) -> set[int]:
         """The dimensions of the collection's vectors (one value unless its embedding model changed)."""
-        query = (select(func.length(ChunkRow.vector)).join(DocumentRow, ChunkRow.document_id == DocumentRow.id)
+        return {width for _, width in await self.vector_spaces(collection_id)}
+
+    async def vector_spaces(self, collection_id: int) -> set[tuple[str | None, int]]:
+        """(model, dimensions) of the collection's vectors: one pair unless its embedding model changed (the
+        model None: written before models were recorded)."""
+        query = (select(DocumentRow.embedding_model, func.length(ChunkRow.vector))
+                 .join(DocumentRow, ChunkRow.document_id == DocumentRow.id)
                  .where(DocumentRow.collection_id == collection_id).distinct())
         async with self._sessions() as session:
-            return {int(n) // 4 for n in await session.scalars(query)}
+            return {(model, int(n) // 4) for model, n in await session.execute(query)}
 
     async def documents_since(self, collection_id: int, since: datetime | None) -> list[str]:
         """Paths committed after ``since`` (all when None), oldest first (a digest of new documents)."""

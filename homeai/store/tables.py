@@ -183,6 +183,8 @@ class DocumentRow(Base):
     mtime: Mapped[float] = mapped_column(Float)
     num_chunks: Mapped[int] = mapped_column(Integer, default=0)
     indexed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # the encoder that made its vectors (None: written before this was recorded, or by a test's embedder)
+    embedding_model: Mapped[str | None] = mapped_column(String(200), nullable=True)
 
 
 class ChunkRow(Base):

@@ -201,7 +201,8 @@ async def test_a_new_embedding_model_indexes_every_file_again_and_search_reads_o
     cid = await store.collections.find("c")
     assert cid is not None
     index = SearchIndex(store.collections)
-    with pytest.raises(ValueError, match="8 dimensions, the query 16: it was indexed with another embedding"):
+    with pytest.raises(ValueError, match="another embedding model: the collection holds vectors of 8 dimensions, "
+                                         "the query is vectors of 16"):
         await index.search(cid, vector_of("old", 16), 3)
     (root / "new.txt").write_text("a new document")
     asked: list[bool] = []
@@ -220,6 +221,39 @@ async def test_a_new_embedding_model_indexes_every_file_again_and_search_reads_o
     outcome = await Indexer(store.collections, None, FakeEmbedder(dim=16)).run(spec(root, "c"))
     assert outcome.num_unchanged == 0 and await store.collections.vector_widths(cid) == {16}
     assert len(await index.search(cid, vector_of("a new document", 16), 10)) == len(await chunk_set(store, "c"))
+
+
+class NamedEmbedder(FakeEmbedder):
+    """An encoder that says its name, as the gateway's does (two of them may have one width)."""
+
+    def __init__(self, model: str, dim: int = 8) -> None:
+        super().__init__(dim)
+        self.model = model
+
+
+async def test_another_encoder_of_the_same_width_indexes_again_and_search_keeps_to_its_model(
+        store: Store, tmp_path: Path) -> None:
+    """Two encoders of one width (MiniLM and a multilingual 384-dimension model) make vectors of the same
+    shape that mean different things. Before: a policy that moved indexing to the other one kept every
+    unchanged file's old vectors for good, and a query embedded by one was ranked against chunks of the other
+    (noise, silently)."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    for i in range(3):
+        (root / f"doc{i}.txt").write_text(f"document number {i}")
+    await Indexer(store.collections, None, NamedEmbedder("mini")).run(spec(root, "c"))
+    cid = await store.collections.find("c")
+    assert cid is not None and await store.collections.vector_spaces(cid) == {("mini", 8)}
+    index = SearchIndex(store.collections)
+    assert len(await index.search(cid, vector_of("document", 8), 5, model="mini")) == 3
+    with pytest.raises(ValueError, match="holds model 'mini' \\(8 dimensions\\), the query is model 'multi'"):
+        await index.search(cid, vector_of("document", 8), 5, model="multi")
+    again = await Indexer(store.collections, None, NamedEmbedder("multi")).run(spec(root, "c"))
+    assert again.num_unchanged == 0 and again.num_indexed == 3
+    assert await store.collections.vector_spaces(cid) == {("multi", 8)}
+    assert len(await index.search(cid, vector_of("document", 8), 5, model="multi")) == 3
+    same = await Indexer(store.collections, None, NamedEmbedder("multi")).run(spec(root, "c"))
+    assert same.num_unchanged == 3  # the same encoder: nothing to do
 
 
 async def test_a_file_with_nul_bytes_is_indexed_and_the_files_after_it_too(store: Store, embedder: FakeEmbedder,
