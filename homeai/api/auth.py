@@ -57,6 +57,11 @@ def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     return value or None
 
 
+def forwarded(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """A reverse proxy's mark (``Forwarded``, ``X-Forwarded-For``): the request came from elsewhere."""
+    return "forwarded" in connection.headers or "x-forwarded-for" in connection.headers
+
+
 async def resolve_caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     """Authenticate the request (401 when a key is needed and missing or wrong; 503 if the keys
     cannot be read). The result is kept on the request, so calling it twice costs nothing."""
@@ -68,8 +73,10 @@ async def resolve_caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Call
     key = presented_key(connection)
     try:
         info = await store.keys.verify(key) if store is not None and key else None
-        # beyond loopback keys are mandatory, even before any exists
-        required = services.settings.requires_keys or (store is not None and await store.keys.has_active())
+        # beyond loopback keys are mandatory, even before any exists; so they are for a request a proxy
+        # forwarded (it came from another machine, though to a loopback address)
+        required = services.settings.requires_keys or forwarded(connection) or (
+            store is not None and await store.keys.has_active())
     except KeyStoreUnavailable as e:
         raise ServiceUnavailableException("API keys are unavailable (the store cannot be read)") from e
     if info is not None:

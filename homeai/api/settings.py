@@ -142,8 +142,9 @@ class Settings:
 
     @property
     def requires_keys(self) -> bool:
-        """API keys are required whenever the server is reachable from other machines."""
-        return not is_loopback(self.host)
+        """API keys are required whenever the server is reachable from other machines: bound beyond
+        loopback, or behind a name other machines use (``allowed_hosts``: a reverse proxy on this box)."""
+        return not is_loopback(self.host) or bool(self.allowed_hosts)
 
     def resolved_policy_path(self) -> Path:
         return self.policy_path if self.policy_path is not None else self.data_dir / POLICY_FILE_NAME

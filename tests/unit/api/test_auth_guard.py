@@ -189,3 +189,21 @@ async def test_a_keyless_stats_stream_ends_when_the_first_key_is_made(store: Sto
     await store.keys.create("root", is_admin=True)
     received += [e async for e in events]
     assert len(received) == 2
+
+
+async def test_a_loopback_server_behind_a_proxy_needs_keys(store: Store, tmp_path: Path) -> None:
+    """Bound to 127.0.0.1 behind a reverse proxy on the same box (its LAN name in HOMEAI_ALLOWED_HOSTS), with
+    no key made yet: every LAN device was an anonymous admin (PUT /admin/policy, an index job over the home
+    folder, then /v1/search). Found by a security review."""
+    behind_proxy = Settings(data_dir=tmp_path, host="127.0.0.1", allowed_hosts=("ai.home.lan",))
+    assert behind_proxy.requires_keys
+    assert not Settings(data_dir=tmp_path, host="127.0.0.1", allowed_hosts=()).requires_keys
+    services = Services(Settings(data_dir=tmp_path, host="127.0.0.1", allowed_hosts=()),
+                        PolicyHolder(load_policy(DEFAULT_POLICY)), store=store)
+    app = Litestar(route_handlers=[admin_router], guards=[authenticate],
+                   exception_handlers={Exception: exception_handler}, state=app_state(services),
+                   dependencies=DEPENDENCIES)
+    async with AsyncTestClient(app=app) as c:  # no allowed name, but the proxy says where the request came from
+        for header in ({"X-Forwarded-For": "192.168.1.50"}, {"Forwarded": "for=192.168.1.50"}):
+            assert (await c.get("/admin/policy", headers=header)).status_code == 401, header
+        assert (await c.get("/admin/policy")).status_code == 200  # this box's own keyless caller
