@@ -78,6 +78,7 @@ class Sequence:
     num_emitted_tokens: int = 0  # output tokens already handed to the stream
     num_cached_prompt_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
     error: str | None = None  # why it failed, for the client (a timeout is a status, not this text)
+    refusal: Exception | None = None  # rejected from its queue with this (pushed out of a full one: 429)
 
     @property
     def num_tokens(self) -> int:

@@ -170,10 +170,13 @@ class EmbedService:
 
     def fail_expired(self) -> None:
         """Inputs past their queue timeout, and those a policy swap retired (their class left the policy or
-        moved to another encoder): each fails with why (HTTP 503)."""
-        failed = [(it.payload, QueueTimeoutError(f"queue timeout in class {name!r}"))
-                  for name, it in self.batcher.expire_embeddings()]
+        moved to another encoder): each fails with why (HTTP 503); those a full queue pushed out for another
+        user's fail with its 429."""
+        failed: list[tuple[EmbedInput, Exception]] = [
+            (it.payload, QueueTimeoutError(f"queue timeout in class {name!r}"))
+            for name, it in self.batcher.expire_embeddings()]
         failed += [(it.payload, QueueTimeoutError(reason)) for _, it, reason in self.batcher.retired_embeddings()]
+        failed += [(it.payload, refusal) for _, it, refusal in self.batcher.pushed_out_embeddings()]
         if failed:
             self._deliver(failed)
 

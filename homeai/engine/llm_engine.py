@@ -280,7 +280,15 @@ class LLMEngine:
         return delta
 
     def _rejected(self) -> list[Sequence]:
-        return self.scheduler.drain_rejected()
+        """Sequences rejected from their queues, to publish; one refused with an exception (pushed out of a
+        full queue: 429) gets it raised at its caller instead."""
+        out = []
+        for seq in self.scheduler.drain_rejected():
+            if seq.refusal is not None:
+                self.streams.fail(seq.request_id, seq.refusal)
+            else:
+                out.append(seq)
+        return out
 
     def fail_all(self, message: str) -> None:
         """End every sequence with an error (the device loop's last resort when it keeps failing outside

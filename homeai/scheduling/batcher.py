@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from homeai.policy.schema import Policy
-from homeai.scheduling.class_queue import ClassQueue, QueuedItem
+from homeai.scheduling.class_queue import ClassQueue, QueuedItem, QueueFullError
 from homeai.scheduling.class_scheduler import UnknownClassError
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
@@ -101,6 +101,7 @@ class Batcher:
         self._per_item_s: dict[str, float] = {}  # EWMA of a batch's duration per input, per class
         self._last_interactive_embed_s = float("-inf")
         self._expired: list[tuple[str, QueuedItem]] = []  # timed out while pushing, not yet reported
+        self._pushed_out: list[tuple[str, QueuedItem, QueueFullError]] = []  # for another user's, not yet reported
         self._retired: list[tuple[str, QueuedItem, str]] = []  # queued when a swap retired their class, and why
         self._shares = ShareLedger(SHARE_BURST_S)  # min_share credit of background classes, in seconds
         self._shares_at_s: float | None = None  # when the credits were last refilled
@@ -161,6 +162,7 @@ class Batcher:
             # Timed-out inputs make room first; they are answered by the next expire_embeddings().
             self._expired += [(class_name, it) for it in queue.expire(now)]
             queue.push(item, now, num_free_slots=FOLLOWER_ALLOWANCE if follows else 0)
+            self._pushed_out += [(class_name, it, refusal) for it, refusal in queue.take_pushed_out()]
             if not queue.policy.background:
                 self._last_interactive_embed_s = now
 
@@ -169,6 +171,12 @@ class Batcher:
             queue = self.embed_queues.get(class_name)
             if queue is not None:
                 queue.cancel(request_id)
+
+    def pushed_out_embeddings(self) -> list[tuple[str, QueuedItem, QueueFullError]]:
+        """Inputs a full queue pushed out for another user's, each once, with the 429 (the caller fails them)."""
+        with self.lock:
+            out, self._pushed_out = self._pushed_out, []
+            return out
 
     def expire_embeddings(self) -> list[tuple[str, QueuedItem]]:
         """Apply timeouts; every REJECTed input comes out here exactly once (the caller fails it)."""

@@ -73,6 +73,7 @@ class ClassQueue:
         self._by_id: dict[str, QueuedItem] = {}
         self._deadlines: list[tuple[float, int, int, QueuedItem]] = []  # (deadline, tie, gen, item)
         self._rejected: list[QueuedItem] = []
+        self._pushed_out: list[tuple[QueuedItem, QueueFullError]] = []
         self._departures: deque[float] = deque(maxlen=32)
         self._seq = itertools.count(1)
         self._released_until_s = float("-inf")
@@ -108,13 +109,33 @@ class ClassQueue:
         qp = self._policy.queue_policy(no)
         ahead = sum(level.num_live for n, level in self._levels.items() if n < no)
         if qp.max_queue_size and self._levels[no].num_live >= qp.max_queue_size + max(0, num_free_slots - ahead):
-            raise QueueFullError(self.retry_after_s(now, no), self.name, no)
+            self._push_out(item.user, no, now)  # or QueueFullError
         item.priority_level, item.arrival_s, item.seq = no, now, next(self._seq)
         timeout_us = effective_timeout_us(qp, item.timeout_override_us)
         item.deadline_s = now + timeout_us / 1e6 if timeout_us else None
         if self.fairness is not None and self.num_queued_for(item.user) == 0:
             self.fairness.on_backlogged(item.user, self.users_queued())
         self._insert(item, front=False)
+
+    def _push_out(self, user: str, no: int, now: float) -> None:
+        """Make room at a full level for ``user`` by rejecting the newest request of the user who holds the
+        most there, when that is at least two more than ``user`` holds (so a turn never goes back and forth);
+        else QueueFullError. One key kept a class's queue full (8 streams running, 16 queued) and every other
+        household member got 429 at once: VTC decided only who was taken next. The pushed-out request gets
+        the 429 (``take_pushed_out``)."""
+        level = self._levels[no]
+        error = QueueFullError(self.retry_after_s(now, no), self.name, no)
+        heaviest = max(level.user_live, key=lambda u: level.user_live[u], default=None)
+        if heaviest is None or heaviest == user or level.user_live[heaviest] < level.user_live.get(user, 0) + 2:
+            raise error
+        newest = max((it for it in level.in_order() if it.user == heaviest), key=lambda it: it.seq)
+        self._drop(newest)
+        self._pushed_out.append((newest, error))
+
+    def take_pushed_out(self) -> list[tuple[QueuedItem, QueueFullError]]:
+        """Requests pushed out of a full level for another user's (each once; the caller fails them: 429)."""
+        out, self._pushed_out = self._pushed_out, []
+        return out
 
     def requeue_front(self, item: QueuedItem) -> None:
         """Put back a request that was taken but could not run: head of its level, same deadline."""

@@ -244,6 +244,7 @@ class ClassScheduler(StepScheduler):
             self._expire(now)  # timed-out requests make room and are answered now, not in limbo
             newly = state.queue.num_queued_for(seq.user) == 0
             state.queue.push(item, now, self._num_free_slots(state))
+            self._reject_pushed_out(state)
             if newly:
                 state.vtc.on_backlogged(seq.user, state.queue.users_queued(), self._num_running_for(state, seq.user))
             seq.arrival_s = item.arrival_s
@@ -252,6 +253,17 @@ class ClassScheduler(StepScheduler):
             seq.status = SequenceStatus.WAITING
             seq.queue_item = item
             self.seqs[seq.seq_id] = seq
+
+    def _reject_pushed_out(self, state: LLMClassState) -> None:
+        """Requests a full queue pushed out for another user's: rejected with the queue's 429."""
+        for item, refusal in state.queue.take_pushed_out():
+            seq: Sequence = item.payload
+            if state.queue.num_queued_for(seq.user) == 0:
+                state.vtc.on_drained(seq.user)
+            seq.error, seq.refusal = str(refusal), refusal
+            seq.finish(SequenceStatus.FINISHED_ABORTED)
+            self.seqs.pop(seq.seq_id, None)
+            self.rejected.append(seq)
 
     def _num_running_for(self, state: LLMClassState, user: str) -> int:
         return sum(s.user == user and s.class_name == state.name for s in self.running)

@@ -291,9 +291,10 @@ class Simulator:
 
     def _collect_timeouts(self) -> None:
         for seq in (s for sched in self.schedulers.values() for s in sched.drain_rejected()):
-            self.records[seq.request_id].rejected = "timeout"
+            self.records[seq.request_id].rejected = "queue_full" if seq.refusal is not None else "timeout"
             self._done(self.records[seq.request_id])
         gone = [(item, "timeout") for _, item in self.batcher.expire_embeddings()]
+        gone += [(item, "queue_full") for _, item, _refusal in self.batcher.pushed_out_embeddings()]
         gone += [(item, "retired") for _, item, _why in self.batcher.retired_embeddings()]
         for item, why in gone:
             rec = self.records[item.payload[0]]

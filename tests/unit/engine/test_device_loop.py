@@ -115,6 +115,33 @@ async def test_a_full_queue_refuses_through_the_stream_and_only_the_device_threa
     assert not rig.sched.seqs
 
 
+async def test_one_user_filling_a_queue_is_pushed_out_for_another_users_request() -> None:
+    """Found by a security review: a kid's key kept voice's queue full, and alice's voice request got 429 at
+    once for as long as the kid went on (fairness chose only who was taken next). Now the kid's newest
+    queued request gets the 429 and alice's is queued."""
+    rig = Rig(make_policy(64, 4, 2, 2000), asyncio.get_running_loop())
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    kid = [rig.engine.generate([1, 2, 3], params, f"k{i}", class_name="voice", user="kid") for i in range(12)]
+    kid_firsts = [asyncio.ensure_future(anext(s)) for s in kid]
+    await asyncio.sleep(0)
+    rig.loop.run_once()
+    await asyncio.wait(kid_firsts[-1:], timeout=1)
+    refused = {i for i, f in enumerate(kid_firsts) if f.done() and isinstance(f.exception(), QueueFullError)}
+    queued = [i for i in range(12) if i not in refused]
+    alice = rig.engine.generate([1, 2, 3], params, "a0", class_name="voice", user="alice")
+    alice_first = asyncio.ensure_future(anext(alice))
+    await asyncio.sleep(0)
+    for _ in range(40):
+        rig.loop.run_once()
+        await asyncio.sleep(0)
+    assert alice_first.done() and alice_first.result().num_output_tokens >= 1, alice_first
+    newest = kid_firsts[queued[-1]]
+    assert newest.done() and isinstance(newest.exception(), QueueFullError)  # the kid's newest: a 429
+    assert all(kid_firsts[i].done() and kid_firsts[i].exception() is None for i in queued[:-1])
+    for s in [*kid, alice]:
+        await s.aclose()
+
+
 def test_a_policy_swap_posted_first_is_applied_before_a_later_request() -> None:
     aloop = asyncio.new_event_loop()
     try:

@@ -99,6 +99,25 @@ def test_full_queue_rejects_at_once() -> None:
     assert len(q) == 3
 
 
+def test_a_full_level_pushes_out_the_newest_request_of_the_user_holding_most() -> None:
+    """One user filling a level no longer turns every other user away (429): the user holding the most,
+    at least two more than the newcomer, loses their newest request, which gets the 429 instead."""
+    clock = VirtualClock()
+    q = make_queue(max_batch_size=8, default_queue_policy={"max_queue_size": 4})
+    for i in range(4):
+        push(q, clock, f"k{i}", "kid")
+    push(q, clock, "a0", "alice")  # kid 4 vs alice 0: kid's newest goes
+    (victim, refusal), = q.take_pushed_out()
+    assert victim.request_id == "k3" and isinstance(refusal, QueueFullError) and "k3" not in q
+    push(q, clock, "a1", "alice")  # kid 3 vs alice 1: still two more
+    assert [v.request_id for v, _ in q.take_pushed_out()] == ["k2"]
+    with pytest.raises(QueueFullError):
+        push(q, clock, "a2", "alice")  # kid 2 vs alice 2: a turn must not go back and forth
+    with pytest.raises(QueueFullError):
+        push(q, clock, "k9", "kid")  # nobody holds more than the kid's own count + 1
+    assert not q.take_pushed_out() and sorted(i.request_id for i in q) == ["a0", "a1", "k0", "k1"]
+
+
 def test_reject_timeout_hands_the_request_back_and_it_never_batches() -> None:
     clock = VirtualClock()
     q = make_queue(max_batch_size=8, max_queue_delay_microseconds=5_000_000,

@@ -51,11 +51,17 @@ class ClassQueueMachine(RuleBasedStateMachine):
     def push(self, user: str, level: int | None, override: int | None) -> None:
         item = QueuedItem(f"r{self.n}", user, priority_level=level, timeout_override_us=override)
         self.n += 1
+        level_users = {it.request_id: it.user for it in self.live.values()}
         try:
             self.q.push(item, self.clock.now())
         except QueueFullError:
+            assert not self.q.take_pushed_out()
             return
         self.live[item.request_id] = item
+        for victim, refusal in self.q.take_pushed_out():  # a full level made room for ``user``
+            assert victim.user != user and level_users[victim.request_id] == victim.user
+            assert isinstance(refusal, QueueFullError)
+            self._came_out([victim])
 
     @rule(data=st.data())
     @precondition(lambda self: self.live)

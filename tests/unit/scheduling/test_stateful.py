@@ -96,7 +96,10 @@ class ClassSchedulerMachine(RuleBasedStateMachine):
             assert cap is None or state.num_running <= cap, f"{name}: {state.num_running} > {cap}"
         sched.update(plan, self.runner.execute(plan, sched.seqs))  # checks each chunk's range
         for seq in sched.drain_rejected():
-            assert seq.status == SequenceStatus.FINISHED_TIMED_OUT and seq.error == "queue timeout"
+            if seq.refusal is not None:  # pushed out of a full queue for another user's request: a 429
+                assert isinstance(seq.refusal, QueueFullError) and seq.status == SequenceStatus.FINISHED_ABORTED
+            else:
+                assert seq.status == SequenceStatus.FINISHED_TIMED_OUT and seq.error == "queue timeout"
             self.dropped.add(seq.request_id)
 
     @rule(data=st.data())
