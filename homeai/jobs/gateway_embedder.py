@@ -40,7 +40,7 @@ class GatewayTextEmbedder:
         self.model = route.model
         self.embedder = gateway.embedder(route.model)
         self.token_offsets = hf_token_offsets(self.embedder.tokenizer)
-        self.max_chunk_tokens = int(self.embedder.max_length) - 2  # [CLS] and [SEP]
+        self.max_chunk_tokens = self._limit() - 2  # [CLS] and [SEP]
         self.dim = int(self.embedder.dim)
 
     def _route(self) -> Any:
@@ -48,8 +48,15 @@ class GatewayTextEmbedder:
         known = self.class_name in self.gateway.policy.classes
         return self.gateway.route(None, self.class_name if known else None, "embedding", self.user)
 
+    def _limit(self) -> int:
+        """Tokens an input may have: the encoder's, or the class's ``max_prompt_tokens`` below it (the API
+        path held it; indexing, the path that serves the class, embedded 254-token chunks whatever it said)."""
+        cp = self.gateway.policy.classes.get(self.class_name)
+        model_max = int(self.embedder.max_length)
+        return min(cp.max_prompt_tokens, model_max) if cp is not None and cp.max_prompt_tokens else model_max
+
     async def embed(self, texts: list[str]) -> np.ndarray:
-        rows = await asyncio.to_thread(self.embedder.tokenize, texts)
+        rows = await asyncio.to_thread(self.embedder.tokenize, texts, True, self._limit())
         for attempt in range(MAX_RETRIES):
             route = self._route()
             if route.model != self.model:  # a policy swap moved the class: these rows are the old tokenizer's

@@ -158,6 +158,9 @@ class ClassPolicy(_Strict):
             for key in ("max_running", "max_output_tokens"):
                 if getattr(self, key) is not None:
                     problems.append(((key,), "only for llm classes", getattr(self, key)))
+            if self.max_prompt_tokens is not None and self.max_prompt_tokens < 3:  # [CLS] text [SEP]
+                problems.append((("max_prompt_tokens",), "an embedding input needs at least 3 tokens: the "
+                                 "encoder's two special ones and one of the text", self.max_prompt_tokens))
         if self.latency_margin is not None and (self.kind != "llm" or self.background):
             msg = ("only for interactive llm classes: it bounds how much less important work may lengthen "
                    "this class's steps")

@@ -19,12 +19,16 @@ class Gateway:
 
     def __init__(self) -> None:
         self.model = "e"
-        self.policy = SimpleNamespace(classes={"indexing": SimpleNamespace(model="e")})
+        self.policy = SimpleNamespace(classes={"indexing": SimpleNamespace(model="e", max_prompt_tokens=None)})
         self.embedded: list[str] = []
         backend = Tokenizer(WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
         backend.pre_tokenizer = Whitespace()
-        self.encoder = SimpleNamespace(tokenizer=backend, max_length=256, dim=3,
-                                       tokenize=lambda texts: [[1] for _ in texts])
+        self.limits: list[int | None] = []
+        self.encoder = SimpleNamespace(tokenizer=backend, max_length=256, dim=3, tokenize=self._tokenize)
+
+    def _tokenize(self, texts: list[str], truncate: bool = True, max_length: int | None = None) -> list[list[int]]:
+        self.limits.append(max_length)
+        return [[1] for _ in texts]
 
     def route(self, *_: Any) -> Any:
         return SimpleNamespace(model=self.model, class_name="indexing")
@@ -47,3 +51,16 @@ async def test_a_run_ends_when_its_class_moves_to_another_encoder() -> None:
     with pytest.raises(ModelMovedError, match="now runs on model 'e2', not 'e'"):
         await embedder.embed(["hi"])
     assert gateway.embedded == ["e"]
+
+
+async def test_indexing_holds_the_classs_max_prompt_tokens() -> None:
+    """Found by a review: the API path held the class's max_prompt_tokens, the indexer (the path that serves
+    the indexing class) cut chunks at the encoder's 254 tokens whatever the class said."""
+    gateway = Gateway()
+    gateway.policy.classes["indexing"].max_prompt_tokens = 64
+    embedder = GatewayTextEmbedder(gateway)
+    assert embedder.max_chunk_tokens == 62  # 64 less [CLS] and [SEP]
+    await embedder.embed(["hi"])
+    assert gateway.limits == [64]
+    gateway.policy.classes["indexing"].max_prompt_tokens = 1000  # above the encoder's: the encoder's
+    assert GatewayTextEmbedder(gateway).max_chunk_tokens == 254

@@ -132,6 +132,16 @@ def test_global_and_class_kind_rules() -> None:
     assert errors_of(emb)["classes.voice.max_running"] == "only for llm classes"
 
 
+def test_an_embedding_class_limit_below_three_tokens_is_refused() -> None:
+    """Found by a review: at 1 the tokenizer did not cut at all (the limit was ignored), at 2 every input was
+    [CLS][SEP] and every query got the same vector."""
+    emb = BASE.replace("kind: llm", "kind: embedding")
+    for limit in (1, 2):
+        msg = errors_of(emb.replace("priority: 0", f"max_prompt_tokens: {limit}"))["classes.voice.max_prompt_tokens"]
+        assert "at least 3 tokens" in msg
+    assert parse_policy(emb.replace("priority: 0", "max_prompt_tokens: 3"), source="p.yaml")
+
+
 def test_preferred_batch_size_on_an_llm_class_is_refused_with_the_reason() -> None:
     """It used to be accepted and silently ignored: an LLM class forms no batches, so the setting
     promised what nothing did."""
