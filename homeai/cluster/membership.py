@@ -20,7 +20,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from homeai.cluster.node_spec import REPLICA_RESOURCE, NodeSpec, spec_of
+from homeai.cluster.node_spec import REPLICA_RESOURCE, NodeSpec, label_value, spec_of
 from homeai.cluster.replica import EngineReplica
 from homeai.cluster.router import ReplicaLoad
 from homeai.gateway.gateway import GatewayConfig
@@ -39,8 +39,17 @@ def models_for(policy: Policy, spec: NodeSpec, replicas_now: Counter[str]) -> li
     the node named at join (``--models``), else every LLM of the policy; without those whose
     ``cluster.replicas`` count is reached. Empty: the node stands by (a replica that leaves frees a place)."""
     llms = policy.llm_models()
-    named = policy.cluster.nodes.get(spec.name)
-    wanted = list(named.models) if named is not None else [m for m in spec.models if m in llms] or llms
+    # the node's name as Ray holds it ("Gaming PC" joins as "Gaming-PC"): the policy's key in that form too
+    named = next((entry for key, entry in policy.cluster.nodes.items() if label_value(key) == spec.name), None)
+    if named is not None:
+        wanted = list(named.models)
+    elif spec.models:  # what it named at join; none the policy serves (a typo): it stands by, and says why
+        wanted = [m for m in spec.models if m in llms]
+        if not wanted:
+            log.warning("node %s named models %s at join, none of them an LLM of the policy (%s): it stands by",
+                        spec.name, ", ".join(spec.models), ", ".join(sorted(llms)))
+    else:
+        wanted = list(llms)
     limits = policy.cluster.replicas
     return [m for m in wanted if m not in limits or replicas_now[m] < limits[m]]
 

@@ -44,6 +44,15 @@ def test_the_policy_names_a_nodes_models_and_caps_replicas() -> None:
     assert models_for(p1, node("attic"), Counter({"small": 1, "large": 1})) == []  # stands by
 
 
+def test_a_node_name_with_spaces_matches_its_policy_entry_and_a_typo_stands_by() -> None:
+    """Found by a review: ``--name "Gaming PC"`` joins as the label Gaming-PC, so ``cluster.nodes: {"Gaming
+    PC": ...}`` never matched; ``--models smolm2`` (a typo) matched nothing and the node served every LLM,
+    models it had not pulled included."""
+    p = policy({"nodes": {"Gaming PC": {"models": ["large"]}}})
+    assert models_for(p, node("Gaming-PC"), Counter()) == ["large"]
+    assert models_for(policy(), node("nas", ("smal",)), Counter()) == []  # stands by, with a warning
+
+
 def test_the_cluster_section_is_validated_with_key_paths() -> None:
     with pytest.raises(PolicyError) as exc:
         policy({"nodes": {"gaming-pc": {"models": ["minilm"]}}, "replicas": {"huge": 2}})
