@@ -109,7 +109,8 @@ class ClusterGateway(Gateway):
                                      base_s=local["base_s"], row_s=local["row_s"],
                                      prompt_token_s=local["prompt_token_s"], free_kv_tokens=local["free_kv_tokens"],
                                      block_size=local["block_size"], queued=local["queued"],
-                                     running=local["running"], failing=local["failing"]))
+                                     running=local["running"], failing=local["failing"],
+                                     per_model=local["per_model"]))
         return loads
 
     def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,

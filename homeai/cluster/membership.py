@@ -231,7 +231,8 @@ class Membership:
                                    base_s=data["base_s"], row_s=data["row_s"],
                                    prompt_token_s=data["prompt_token_s"], free_kv_tokens=data["free_kv_tokens"],
                                    block_size=data["block_size"], queued=data["queued"], running=data["running"],
-                                   ready=rep.swap_error is None, failing=bool(data.get("failing", False)))
+                                   ready=rep.swap_error is None, failing=bool(data.get("failing", False)),
+                                   per_model=data.get("per_model", {}))
             if rep.state == "loading":
                 rep.state, rep.since_s = "ready", time.time()
 

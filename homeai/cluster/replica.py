@@ -160,12 +160,16 @@ def gateway_load(gateway: Gateway) -> dict[str, Any]:
                            "queued": {c: s.get("queued", 0) for c, s in classes.items()},
                            "running": {c: s.get("running", 0) for c, s in classes.items()},
                            "free_kv_tokens": 0, "block_size": 16, "base_s": 0.02, "row_s": 0.001,
-                           "prompt_token_s": 0.001}
-    for engine in gateway.llms.values():
+                           "prompt_token_s": 0.001, "per_model": {}}
+    for name, engine in gateway.llms.items():  # each model's own cost and KV pool (the router reads its own)
         bm = engine.scheduler.block_manager
-        out["free_kv_tokens"] = max(out["free_kv_tokens"], int(bm.num_blocks * (1 - bm.usage)) * bm.block_size)
+        own: dict[str, float] = {"free_kv_tokens": int(bm.num_blocks * (1 - bm.usage)) * bm.block_size}
+        out["free_kv_tokens"] = max(out["free_kv_tokens"], own["free_kv_tokens"])
         out["block_size"] = bm.block_size
         if isinstance(engine.scheduler, ClassScheduler):
             cost = engine.scheduler.step_cost
+            own |= {"base_s": cost.base_s, "row_s": cost.per_token_s,
+                    "prompt_token_s": cost.prompt_token_s if cost.prompt_token_s is not None else cost.per_token_s}
             out.update(base_s=cost.base_s, row_s=cost.per_token_s, prompt_token_s=cost.prompt_token_s)
+            out["per_model"][name] = own
     return out

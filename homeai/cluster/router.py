@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from homeai.core.block_hash import BlockHash, block_hash, root_hash
 
@@ -54,6 +54,17 @@ class ReplicaLoad:
     alive: bool = True
     ready: bool = True
     failing: bool = False  # its engine keeps failing: its requests end at once, so it looks idle
+    # model -> {base_s, row_s, prompt_token_s, free_kv_tokens} where it serves several: each model has its
+    # own step cost and KV pool (a 135M voice model's step is not an 8B chat model's)
+    per_model: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def for_model(self, model: str) -> ReplicaLoad:
+        """This load with ``model``'s own costs and free KV, where it published them."""
+        own = self.per_model.get(model)
+        if not own:
+            return self
+        return replace(self, base_s=own["base_s"], row_s=own["row_s"], prompt_token_s=own["prompt_token_s"],
+                       free_kv_tokens=int(own["free_kv_tokens"]))
 
 
 @dataclass(slots=True)
@@ -99,7 +110,7 @@ class Router:
         VTC counters can order them (a user whose requests all sat on one replica would get that replica
         whatever their weight)."""
         excluded = set(exclude)
-        candidates = [r for r in replicas if r.alive and r.ready and model in r.models
+        candidates = [r.for_model(model) for r in replicas if r.alive and r.ready and model in r.models
                       and r.replica_id not in excluded]
         if not candidates:
             raise NoReplicaError(f"no live replica serves {model!r}")

@@ -162,3 +162,18 @@ def test_a_replica_that_serves_a_model_it_has_not_loaded_takes_requests_when_no_
     assert r.place("chat", MODEL, 40, (), [cold]).replica_id == "cold"
     with pytest.raises(NoReplicaError):
         r.place("chat", "other", 40, (), [warm, cold])
+
+
+def test_a_replica_of_several_models_is_judged_by_the_requested_models_cost_and_kv() -> None:
+    """Found by a review: a replica serving a 135M voice model and an 8B chat model published one model's
+    step cost (whichever came last) and the largest of their free KV pools, so voice was predicted at the
+    8B's step and a chat prompt 'fit' in the small model's pool while the 8B's was full."""
+    r = Router(["voice", "chat"])
+    both = ReplicaLoad("both", models=("small", "big"), base_s=0.5, row_s=0.05, prompt_token_s=0.01,
+                       free_kv_tokens=10_000,
+                       per_model={"small": {"base_s": 0.01, "row_s": 0.001, "prompt_token_s": 0.0005,
+                                            "free_kv_tokens": 10_000},
+                                  "big": {"base_s": 0.5, "row_s": 0.05, "prompt_token_s": 0.01, "free_kv_tokens": 0}})
+    small_only = ReplicaLoad("small-only", models=("small", "big"), base_s=0.05, row_s=0.005, prompt_token_s=0.002)
+    assert r.place("voice", "small", 40, [], [both, small_only]).replica_id == "both"
+    assert r.place("chat", "big", 400, [], [both, small_only]).replica_id == "small-only"  # its pool is full
