@@ -110,7 +110,7 @@ class ClusterGateway(Gateway):
                                      prompt_token_s=local["prompt_token_s"], free_kv_tokens=local["free_kv_tokens"],
                                      block_size=local["block_size"], queued=local["queued"],
                                      running=local["running"], failing=local["failing"],
-                                     per_model=local["per_model"]))
+                                     per_model=local["per_model"], load_s=local["load_s"]))
         return loads
 
     def generate(self, route: Route, prompt_ids: list[int], params: SamplingParams, user: str,

@@ -232,7 +232,7 @@ class Membership:
                                    prompt_token_s=data["prompt_token_s"], free_kv_tokens=data["free_kv_tokens"],
                                    block_size=data["block_size"], queued=data["queued"], running=data["running"],
                                    ready=rep.swap_error is None, failing=bool(data.get("failing", False)),
-                                   per_model=data.get("per_model", {}))
+                                   per_model=data.get("per_model", {}), load_s=data.get("load_s", {}))
             if rep.state == "loading":
                 rep.state, rep.since_s = "ready", time.time()
 

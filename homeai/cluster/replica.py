@@ -160,7 +160,9 @@ def gateway_load(gateway: Gateway) -> dict[str, Any]:
                            "queued": {c: s.get("queued", 0) for c, s in classes.items()},
                            "running": {c: s.get("running", 0) for c, s in classes.items()},
                            "free_kv_tokens": 0, "block_size": 16, "base_s": 0.02, "row_s": 0.001,
-                           "prompt_token_s": 0.001, "per_model": {}}
+                           "prompt_token_s": 0.001, "per_model": {}, "load_s": {}}
+    if gateway.pool is not None:  # how long each model took to load here: what a cold start costs
+        out["load_s"] = {name: r.load_s for name, r in gateway.pool.models.items() if r.load_s}
     for name, engine in gateway.llms.items():  # each model's own cost and KV pool (the router reads its own)
         bm = engine.scheduler.block_manager
         own: dict[str, float] = {"free_kv_tokens": int(bm.num_blocks * (1 - bm.usage)) * bm.block_size}

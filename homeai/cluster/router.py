@@ -10,6 +10,8 @@ requests with the same object.
   system prompt every turn). A replica whose KV pool cannot take the prompt is a last resort.
 - A background class goes where capacity is idle: fewest live requests per unit of speed, interactive
   work counting far more than background.
+- A replica that does not have the model on its device now loads it first: the load's seconds (its last
+  load there, else ``UNKNOWN_LOAD_S``) count as waiting, so an idle node beats a front door seconds behind.
 - Whatever the class, a replica whose engine keeps failing comes after every other (its requests end at
   once, so it would look the idlest); it is tried only when no other serves the model (it stops counting
   as failing once a step succeeds there, or a minute after its last failure).
@@ -35,6 +37,9 @@ INTERACTIVE_WEIGHT = 8.0  # a live interactive request weighs this many backgrou
 SAME_CLASS_WEIGHT = 4.0  # ... and one of the same background class this many of another
 
 
+UNKNOWN_LOAD_S = 10.0  # a model's load on a replica that never loaded it: weights from disk, seconds
+
+
 @dataclass(slots=True)
 class ReplicaLoad:
     """What a replica publishes (every ``load`` poll): enough to predict a first token there."""
@@ -57,6 +62,7 @@ class ReplicaLoad:
     # model -> {base_s, row_s, prompt_token_s, free_kv_tokens} where it serves several: each model has its
     # own step cost and KV pool (a 135M voice model's step is not an 8B chat model's)
     per_model: dict[str, dict[str, float]] = field(default_factory=dict)
+    load_s: dict[str, float] = field(default_factory=dict)  # model -> how long its last load took there
 
     def for_model(self, model: str) -> ReplicaLoad:
         """This load with ``model``'s own costs and free KV, where it published them."""
@@ -121,15 +127,17 @@ class Router:
         for r in candidates:
             cached = self.cached_blocks(r.replica_id, prefix)
             compute = max(1, num_prompt_tokens - cached * r.block_size)
-            ttft = self.predict_ttft_s(r, compute)
+            # a replica without the model on its device loads it first: seconds, counted as waiting (not a rank
+            # of its own: the front door, which always has it to tokenize, took everything while a node idled)
+            load_s = r.load_s.get(model, UNKNOWN_LOAD_S) if r.loaded is not None and model not in r.loaded else 0.0
+            ttft = self.predict_ttft_s(r, compute) + load_s
             fits = compute <= r.free_kv_tokens
-            cold = r.loaded is not None and model not in r.loaded  # it loads the model first: seconds
             if interactive:
                 behind_background = idle_exists and self._live_background(r.replica_id) > 0
-                key: tuple[float, ...] = (r.failing, not fits, cold, behind_background, ttft, -cached,
+                key: tuple[float, ...] = (r.failing, not fits, behind_background, ttft, -cached,
                                           self._user_live(r, user))
             else:
-                key = (r.failing, not fits, cold, self.idle_score(r, class_name), ttft, self._user_live(r, user))
+                key = (r.failing, not fits, self.idle_score(r, class_name) + load_s, ttft, self._user_live(r, user))
             scored.append((key, r.replica_id, ttft, cached))
         _, rid, ttft, cached = min(scored)
         return Placement(rid, ttft, cached)

@@ -177,3 +177,16 @@ def test_a_replica_of_several_models_is_judged_by_the_requested_models_cost_and_
     small_only = ReplicaLoad("small-only", models=("small", "big"), base_s=0.05, row_s=0.005, prompt_token_s=0.002)
     assert r.place("voice", "small", 40, [], [both, small_only]).replica_id == "both"
     assert r.place("chat", "big", 400, [], [both, small_only]).replica_id == "small-only"  # its pool is full
+
+
+def test_an_idle_node_without_the_model_loaded_beats_a_front_door_seconds_behind() -> None:
+    """Found by a review: coldness ranked before the predicted first token, and the front door always has the
+    model (it tokenizes every request), so traffic piled on it (26 s predicted) while a node idled whose only
+    cost was a load. A load now counts as its seconds of waiting."""
+    r = router()
+    load(r, "front", "chat", 50, started=False)
+    front, node = replica("front", loaded=(MODEL,)), replica("node", loaded=(), load_s={MODEL: 2.0})
+    assert r.place("chat", MODEL, 40, (), [front, node]).replica_id == "node"
+    assert r.place("summarize", MODEL, 40, (), [front, node]).replica_id == "node"
+    quiet = router()  # the same front door, idle: a 2 s load is not worth it
+    assert quiet.place("chat", MODEL, 40, (), [front, node]).replica_id == "front"
