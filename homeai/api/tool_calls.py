@@ -72,12 +72,14 @@ class ToolCallParser:
         return events
 
     def finish(self) -> list[ParseEvent]:
-        """The end of the answer: what is held back is call syntax (a call cut short, or the start of
-        ``<tool_call>``, or the layout after a call), never content; it is dropped."""
-        self.dropped = self._in_call or bool(self._buf.strip())
+        """The end of the answer: what is held back is dropped as call syntax (a call cut short, the start
+        of ``<tool_call>`` such as ``<tool``, the layout after a call), except a lone ``<`` outside a call:
+        that is text ("Use a <", "1 <"), which was lost."""
+        text = self._buf if not self._in_call and self._buf == CALL_OPEN[0] else ""
+        self.dropped = self._in_call or bool(self._buf.strip()) and not text
         self._buf, self._in_call, self._name, self._scanned, self._after_call = "", False, None, 0, False
         self._depth, self._in_string, self._escaped, self._args_done = 0, False, False, False
-        return []
+        return [ParseEvent(text=text)] if text else []
 
     # ---- states (each returns True when it moved on and another state may read) ------------------
     def _read_text(self, events: list[ParseEvent]) -> bool:

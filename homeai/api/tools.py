@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from homeai.api.errors import BadRequest
 from homeai.api.openai_schemas import EarlierCall, FunctionTool, ResponsesFunctionTool
-from homeai.api.structured import check_schema
+from homeai.api.schema_rules import check_schema, object_only
 from homeai.core.types import Constraint, ConstraintKind
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -90,9 +90,12 @@ def parse_tools(tools: Sequence[FunctionTool | ResponsesFunctionTool] | None, fi
         if not fn.name or '"' in fn.name or "\\" in fn.name:
             raise BadRequest("a function tool needs a name (no quotes or backslashes)", param=where)
         params = fn.parameters or {"type": "object", "properties": {}}
-        # the call's arguments are generated under this schema as response_format's are: the same refusals
-        check_schema(params, f"{field_name}[{i}].function.parameters" if isinstance(tool, FunctionTool)
-                     else f"{field_name}[{i}].parameters")
+        field = f"{field_name}[{i}].function.parameters" if isinstance(tool, FunctionTool) \
+            else f"{field_name}[{i}].parameters"
+        if not object_only(params):  # a call's arguments are one object: a string or null was never read
+            raise BadRequest("a function's parameters must be the JSON Schema of an object (\"type\": \"object\")",
+                             param=field)
+        check_schema(params, field)  # the arguments are generated under it as response_format's are: same refusals
         specs.append(ToolSpec(fn.name, fn.description or "", params))
     if len({s.name for s in specs}) != len(specs):
         raise BadRequest("two tools share a name", param=field_name)

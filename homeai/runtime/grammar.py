@@ -46,8 +46,11 @@ _LONGEST_CLOSING_TOKEN = 16  # bytes: longer tokens (runs of spaces, long words)
 # Characters tried at a choice, most closing first: end a string, an object or array, a value's
 # separator, the shortest values; then anything printable.
 _PREFERRED = '"}],0123456789fnt' + "abcdeghijklmopqrsuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-.:[{ "
+# Then the rest of a character a token left unfinished, and the first byte of a character beyond ASCII: a
+# choice only between such characters (enum ["客厅", "卧室"], pattern ^[α-ω]+$) had no closing at all.
 _CLOSE_ORDER = ([c.encode() for c in _PREFERRED] + [bytes([b]) for b in range(0x21, 0x7f) if chr(b) not in _PREFERRED]
-                + [bytes([b]) for b in range(0x80, 0xc0)])  # the rest of a character a token left unfinished
+                + [bytes([b]) for b in range(0x80, 0xc0)] + [bytes([b]) for b in range(0xc2, 0xf5)])
+_UNFOUND_NEED = CLOSING_SEARCH_BYTES // _LONGEST_CLOSING_TOKEN  # tokens at least in a closing not found
 
 
 class GrammarError(ValueError):
@@ -143,7 +146,8 @@ class GrammarCache:
         special = {*getattr(tokenizer, "all_special_ids", ()), *getattr(tokenizer, "added_tokens_decoder", ()),
                    *info.special_token_ids, *stop_token_ids}  # never written by a closing
         self.closer = Closer(info.decoded_vocab, vocab_size, special)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        # cache_enabled=False: xgrammar's own cache has no bound; ours (max_entries) is the one cache
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[Constraint, tuple[xgr.CompiledGrammar, list[int] | None]] = OrderedDict()
         self._lock = threading.Lock()
         self._max_entries = max_entries
@@ -174,7 +178,10 @@ class GrammarCache:
         matcher.fill_next_token_bitmask(probe, 0)
         if not bool(probe.any()):  # say {"anyOf": []}: no first token, the request could only fail
             raise GrammarError(f"the {constraint.kind} constraint accepts no output at all")
-        entry = (compiled, self.closer.closing(matcher, shortest=True))
+        try:
+            entry = (compiled, self.closer.closing(matcher, shortest=True))
+        except (RuntimeError, MemoryError) as exc:  # std::bad_alloc building a huge forced text
+            raise GrammarError(f"the {constraint.kind} constraint forces more text than can be built: {exc}") from exc
         with self._lock:
             self._cache[constraint] = entry
             while len(self._cache) > self._max_entries:
@@ -190,7 +197,7 @@ class GrammarCache:
                 return self._compiler.compile_json_schema(constraint.spec, any_whitespace=False, strict_mode=True)
             if constraint.kind == ConstraintKind.STRUCTURAL_TAG:
                 return self._compiler.compile_structural_tag(json.dumps(compact_json(json.loads(constraint.spec))))
-        except (RuntimeError, ValueError, json.JSONDecodeError) as exc:
+        except (RuntimeError, MemoryError, ValueError, json.JSONDecodeError) as exc:
             reason = _SOURCE_LOCATION.sub("", str(exc)).strip()  # "[03:26:24] /project/cpp/x.cc:5082: "
             raise GrammarError(f"cannot compile the {constraint.kind} constraint: {reason}") from exc
         raise GrammarError(f"unknown constraint kind {constraint.kind!r}")
@@ -287,9 +294,10 @@ class SequenceGrammars:
             if not matcher.accept_token(token_id):
                 break
         state = self._states[seq_id] = _MatcherState(matcher, len(output))
-        if not output:  # found once per constraint (None: none within the search limit, none will fit)
+        if not output:  # found once per constraint
             state.closing = self.cache.initial_closing(constraint)
-            state.hopeless = state.closing is None
+            if state.closing is None:  # none within the search limit: looked for again once the budget nears
+                state.need, state.need_at = _UNFOUND_NEED, 0
         return state
 
     def _close_in_time(self, state: _MatcherState, constraint: Constraint, bitmask: torch.Tensor, row: int,

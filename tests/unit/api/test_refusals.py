@@ -15,7 +15,8 @@ from homeai.api.admission import LLMRequest, PromptFields, max_tokens_of
 from homeai.api.errors import BadRequest
 from homeai.api.openai_schemas import FunctionTool, ResponseFormat
 from homeai.api.routing import HEADER_PRIORITY, check_priority
-from homeai.api.structured import endless_ref, ollama_format_constraint, response_format_constraint, unenforced_keyword
+from homeai.api.schema_rules import endless_ref, unenforced_keyword
+from homeai.api.structured import ollama_format_constraint, response_format_constraint
 from homeai.api.tools import parse_tools
 from homeai.core.block_manager import BlockManager
 from homeai.core.types import SamplingParams
