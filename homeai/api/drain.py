@@ -95,6 +95,9 @@ def end_open_generations(gateway: Any) -> None:
     gateway.closing = SHUTDOWN_MESSAGE
     for engine in gateway.llms.values():
         engine.fail_all_soon(SHUTDOWN_MESSAGE)
+    end_remote = getattr(gateway, "end_remote_streams", None)  # a cluster's front door: its nodes' streams
+    if callable(end_remote):
+        end_remote()
 
 
 def engine_error(connection: ASGIConnection[Any, Any, Any, Any], message: str) -> ApiError:

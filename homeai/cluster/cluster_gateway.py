@@ -67,6 +67,7 @@ class ClusterGateway(Gateway):
     fairness: SharedCounters | None = None  # one VTC counter per user across replicas
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (replica, served|failed) -> requests
     served_by: OrderedDict[str, str] = field(default_factory=OrderedDict)  # request id -> node, the latest ones
+    remote_streams: set[Any] = field(default_factory=set)  # the replicas' answer streams open now (Ray's)
 
     def start(self) -> None:
         super().start()
@@ -203,10 +204,16 @@ class ClusterGateway(Gateway):
                         return
                     yield item
                 else:
+                    if self.closing is not None and rid != LOCAL:  # cut at the drain's deadline
+                        yield TokenDelta(req.request_id, "", [], len(req.prompt_ids), streamed, error=self.closing)
+                        return
                     if first:  # ended without a final delta: the replica went away mid-stream
                         yield self._failed(req, rid, "its stream ended early", streamed)
                         return
             except ReplicaLostError as exc:
+                if self.closing is not None:  # cut at the drain's deadline (``end_remote_streams``), not lost
+                    yield TokenDelta(req.request_id, "", [], len(req.prompt_ids), streamed, error=self.closing)
+                    return
                 if first:
                     yield self._failed(req, rid, str(exc), streamed)
                     return
@@ -271,6 +278,7 @@ class ClusterGateway(Gateway):
         if handle is None:
             raise ReplicaLostError("the node left")
         gen = handle.generate.options(num_returns="streaming").remote(req)
+        self.remote_streams.add(gen)
         done = False
         try:
             async for ref in gen:
@@ -285,8 +293,19 @@ class ClusterGateway(Gateway):
         except ray.exceptions.RayError as exc:  # the replica raised (a task error, one Ray could not rebuild)
             raise ReplicaLostError(f"{type(exc).__name__}: {exc}") from exc
         finally:
+            self.remote_streams.discard(gen)
             if not done:
                 ray.cancel(gen)  # the client left (or we gave up): the replica aborts the sequence
+
+    def end_remote_streams(self) -> None:
+        """At the drain's deadline: cancel every replica stream open now. One waiting for its first delta (queued
+        there, in a long prompt step, or behind a model's load) got nothing to end it at, so uvicorn cut it
+        with no final message while the node went on; its reader now ends with the shutdown error."""
+        for gen in list(self.remote_streams):
+            try:
+                ray.cancel(gen)
+            except Exception:  # noqa: BLE001 - one stream that cannot be cancelled must not keep the others open
+                log.exception("cancelling a replica stream at the drain's deadline failed")
 
     async def _stream_locally(self, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
         """The front door's own device as a replica. Its model is loaded first if it left (keep_alive may

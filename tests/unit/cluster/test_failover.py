@@ -305,3 +305,49 @@ def test_placed_again_on_the_front_door_its_model_is_loaded_if_it_left() -> None
     gw.ensure_llm = cannot_fit  # type: ignore[method-assign]
     out = asyncio.run(collect())
     assert isinstance(out[-1], Refusal) and out[-1].kind == "unavailable"  # another replica may take it
+
+
+class SilentStream:
+    """A node's stream that sends nothing (queued there, in a long prompt step, behind a model's load) until
+    Ray cancels it, when its reader raises as Ray's does."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+
+def test_at_the_drain_deadline_a_remote_stream_waiting_for_its_first_delta_ends_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: the deadline's check ran only when a delta came, so a request waiting on a node (no
+    delta yet) was cut by uvicorn with no final message, and the node went on with it."""
+    from homeai.api.drain import SHUTDOWN_MESSAGE, end_open_generations
+    from homeai.cluster import cluster_gateway
+
+    gw = gateway({"a": [TOKENS]})
+    silent = SilentStream()
+    monkeypatch.setattr(cluster_gateway.ray, "cancel", lambda gen: gen.cancelled.set())
+
+    async def waits(rid: str, req: ReplicaRequest) -> AsyncGenerator[TokenDelta | Refusal, None]:
+        gw.remote_streams.add(silent)
+        try:
+            await silent.cancelled.wait()
+            raise ReplicaLostError("TaskCancelledError")
+            yield  # an async generator
+        finally:
+            gw.remote_streams.discard(silent)
+
+    gw._stream_from = waits  # type: ignore[method-assign]
+    req = ReplicaRequest("r1", "m", "voice", [1, 2, 3], SamplingParams(max_tokens=5), "alice")
+
+    async def deadline_while_waiting() -> list[TokenDelta]:
+        answer = asyncio.ensure_future(_collect(gw, req))
+        await asyncio.sleep(0.01)
+        assert not answer.done()  # waiting on the node
+        end_open_generations(gw)
+        return await asyncio.wait_for(answer, 5)
+
+    deltas = asyncio.run(deadline_while_waiting())
+    assert len(deltas) == 1 and deltas[0].error == SHUTDOWN_MESSAGE and not gw.remote_streams
+
+
+async def _collect(gw: ClusterGateway, req: ReplicaRequest) -> list[TokenDelta]:
+    return [d async for d in gw._placed(req)]
