@@ -37,6 +37,9 @@ class RequestContext:
     timeout_us: int | None
 
 
+MAX_USER_CHARS = 64  # of a user name a keyless request gives (a Home Assistant conversation id is 26)
+
+
 def _int_header(request: Request[Any, Any, Any], name: str) -> int | None:
     value = request.headers.get(name)
     if value is None or value == "":
@@ -51,7 +54,8 @@ async def request_context(request: Request[Any, Any, Any], body_user: str | None
     caller = await resolve_caller(request)
     user, key_class = caller.user, caller.default_class
     if caller.keyless:  # not a key's user named "anonymous": that one could act as any user it named
-        user = request.headers.get(HEADER_USER) or body_user or ANONYMOUS
+        # cut: a name is a key of fairness counters and metrics labels, and a body's ``user`` may be megabytes
+        user = (request.headers.get(HEADER_USER) or body_user or ANONYMOUS)[:MAX_USER_CHARS]
     timeout_ms = _int_header(request, HEADER_TIMEOUT_MS)
     return RequestContext(user=user, class_name=request.headers.get(HEADER_CLASS) or key_class,
                           priority_level=_int_header(request, HEADER_PRIORITY),

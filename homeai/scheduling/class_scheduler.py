@@ -43,7 +43,7 @@ from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import ScheduledChunk, StepOutput, StepPlan
 from homeai.policy.schema import ClassPolicy, Policy
-from homeai.scheduling.class_queue import ClassQueue, QueuedItem
+from homeai.scheduling.class_queue import IDLE_COUNTERS_KEPT, ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
@@ -254,6 +254,15 @@ class ClassScheduler(StepScheduler):
             seq.queue_item = item
             self.seqs[seq.seq_id] = seq
 
+    def _forget_idle_users(self) -> None:
+        """Each class's VTC counters of users with nothing queued or running, where they outnumber the active
+        ones (``VirtualTokenCounter.forget_idle``): checked each step by a length, pruned now and then."""
+        for state in self.classes.values():
+            if len(state.vtc) > IDLE_COUNTERS_KEPT:
+                active = state.queue.users_queued() | {s.user for s in self.running if s.class_name == state.name}
+                if len(state.vtc) > IDLE_COUNTERS_KEPT + len(active):
+                    state.vtc.forget_idle(active)
+
     def _reject_pushed_out(self, state: LLMClassState) -> None:
         """Requests a full queue pushed out for another user's: rejected with the queue's 429."""
         for item, refusal in state.queue.take_pushed_out():
@@ -401,6 +410,7 @@ class ClassScheduler(StepScheduler):
             now = self.clock.now()
             self._expire(now)
             self._drop_retired()
+            self._forget_idle_users()
             if any(s.num_running or len(s.queue) for s in self.classes.values() if not s.policy.background):
                 self.last_interactive_s = now
             step = self._step = StepContext(interactive_now=self.interactive_active(now))

@@ -154,6 +154,9 @@ async def test_only_a_request_without_a_key_names_its_user(store: Store, tmp_pat
     async with AsyncTestClient(app=app) as c:  # loopback, no store, no key: the request names its user
         assert (await c.get("/who", headers={"X-HomeAI-User": "alice"})).json() == {"user": "alice"}
         assert (await c.get("/who")).json() == {"user": "bob"}
+        # cut to 64 characters: a name keys fairness counters and metrics labels (a review found a body's
+        # ``user`` of megabytes kept for good)
+        assert (await c.get("/who", headers={"X-HomeAI-User": "x" * 5000})).json() == {"user": "x" * 64}
 
 
 async def test_a_revoked_key_ends_its_open_stats_stream(store: Store, tmp_path: Path) -> None:

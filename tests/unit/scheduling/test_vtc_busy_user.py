@@ -45,3 +45,33 @@ def test_weights_hold_for_a_user_who_queues_while_its_requests_decode() -> None:
     assert 1.8 <= served["alice"] / served["bob"] <= 2.2
     abort_all(h.sched)
     assert_engine_empty(h.sched)
+
+
+def test_idle_users_at_the_floor_are_forgotten_and_come_back_where_they_would_have() -> None:
+    """Found by a review: counters were never dropped, so every user name ever seen (a keyless client's
+    per-conversation ``user``) stayed in the map, copied for the stats every 50 ms."""
+    vtc = VirtualTokenCounter()
+    vtc.charge("alice", 100)
+    vtc.charge("bob", 300)
+    for i in range(10):
+        vtc.charge(f"once-{i}", 50)
+    assert vtc.forget_idle(["alice"]) == 10  # at or below the floor (alice's 100): they would be lifted to it
+    assert set(vtc.snapshot()) == {"alice", "bob"}  # bob got more than the floor: his counter stays
+    assert vtc.on_backlogged("once-3", ["alice"]) == 100.0  # back at the floor, as if it had been kept
+
+
+def test_a_class_keeps_a_bounded_number_of_idle_users_counters() -> None:
+    from homeai.scheduling.class_queue import IDLE_COUNTERS_KEPT
+
+    doc = {"classes": {"chat": {"kind": "llm", "model": "m", "priority": 1}},
+           "scheduler": {"max_num_batched_tokens": 512, "max_num_seqs": 8}}
+    h = Harness(parse_policy(yaml.safe_dump(doc), source="test-policy"), num_blocks=8192, block_size=16)
+    vtc = h.sched.classes["chat"].vtc
+    for i in range(2000):  # one request each from 2,000 user names, served to the end
+        h.add("chat", user=f"conversation-{i}", prompt_len=8, max_tokens=2)
+        if i % 8 == 7:
+            h.drain()
+    h.drain()
+    h.sched.schedule()
+    assert len(vtc) <= IDLE_COUNTERS_KEPT + 1, len(vtc)
+    assert_engine_empty(h.sched)
