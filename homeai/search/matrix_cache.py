@@ -14,6 +14,9 @@ import numpy as np
 from homeai.store.collections import Collections, CollectionVectors
 
 THREAD_ABOVE_ROWS = 50_000  # bigger matrices are scored off the event loop
+# Collections whose matrices stay in memory (one each: a collection searched by another encoder since
+# replaces its entry). Without a bound every collection ever searched stayed, with each encoder's copy.
+MAX_CACHED_COLLECTIONS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +56,12 @@ class SearchIndex:
             cached = self._cache.get(key)
             if cached is None or cached.version != version:
                 cached = await self.collections.vectors(collection_id, dim, model)
+                for other in [k for k in self._cache if k[0] == collection_id]:  # another encoder's, or older
+                    del self._cache[other]
                 self._cache[key] = cached
                 self.num_loads += 1
+                while len(self._cache) > MAX_CACHED_COLLECTIONS:  # the least recently loaded goes
+                    del self._cache[next(iter(self._cache))]
         return cached
 
     async def search(self, collection_id: int, query: np.ndarray, k: int, model: str | None = None) -> list[Hit]:

@@ -60,3 +60,24 @@ async def test_empty_collection_and_wrong_dimensions(store: Store) -> None:
     await store.collections.commit_document(cid, "/d/a.txt", "s", 0.0, [NewChunk("a", 1, unit(1, 0, 0, 0))])
     with pytest.raises(ValueError, match="another embedding model"):
         await index.search(cid, unit(1, 0, 0), 3)
+
+
+async def test_the_cache_keeps_one_matrix_a_collection_and_a_bounded_number_of_collections(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review: a collection searched by a second encoder kept the first one's matrix (texts and
+    paths too) for good, and every collection ever searched stayed in memory."""
+    from homeai.search import matrix_cache
+
+    monkeypatch.setattr(matrix_cache, "MAX_CACHED_COLLECTIONS", 2)
+    index = SearchIndex(store.collections)
+    cids = []
+    for name in ("a", "b", "c"):
+        cid = await store.collections.ensure(name)
+        await store.collections.commit_document(cid, f"/d/{name}.txt", "s", 0.0, [NewChunk(name, 1, unit(1, 0, 0))])
+        cids.append(cid)
+    await index.search(cids[0], unit(1, 0, 0), 1, model="mini")
+    await index.search(cids[0], unit(1, 0, 0), 1, model="bge")  # another encoder of the same width
+    assert [k for k in index._cache if k[0] == cids[0]] == [(cids[0], 3, "bge")]
+    await index.search(cids[1], unit(1, 0, 0), 1)
+    await index.search(cids[2], unit(1, 0, 0), 1)
+    assert len(index._cache) == 2 and all(k[0] != cids[0] for k in index._cache)  # the oldest went
