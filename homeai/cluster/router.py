@@ -103,6 +103,7 @@ class Router:
         # request waits behind (a background prompt waits behind it instead, and would count 12 queued
         # 1,500-token summaries as seconds of delay)
         self._waiting_tokens: dict[str, int] = {}
+        self._gone: set[str] = set()  # replicas forgotten: a request placed on one as it left adds nothing back
 
     def set_interactive(self, classes: Iterable[str]) -> None:
         self.interactive = set(classes)
@@ -118,6 +119,8 @@ class Router:
         excluded = set(exclude)
         candidates = [r.for_model(model) for r in replicas if r.alive and r.ready and model in r.models
                       and r.replica_id not in excluded]
+        if self._gone:  # a replica id published again is back
+            self._gone.difference_update(r.replica_id for r in candidates)
         if not candidates:
             raise NoReplicaError(f"no live replica serves {model!r}")
         interactive = class_name in self.interactive
@@ -186,6 +189,8 @@ class Router:
     # ---- what was placed -------------------------------------------------------------------------
     def dispatched(self, replica_id: str, class_name: str, num_prompt_tokens: int,
                    prefix: Sequence[BlockHash], user: str = "") -> None:
+        if replica_id in self._gone:  # it left between the placement and now: its stream fails, nothing to count
+            return
         placed = self._placed.setdefault(replica_id, _Placed())
         placed.users[user] = placed.users.get(user, 0) + 1
         placed.waiting[class_name] = placed.waiting.get(class_name, 0) + 1
@@ -214,12 +219,17 @@ class Router:
         if not had_first_token:
             self.first_token(replica_id, class_name, num_prompt_tokens)
         placed.live[class_name] = max(0, placed.live.get(class_name, 0) - 1)
-        placed.users[user] = max(0, placed.users.get(user, 0) - 1)
+        left = placed.users.get(user, 0) - 1
+        if left > 0:
+            placed.users[user] = left
+        else:  # a user with nothing live there is no entry (every name ever seen stayed)
+            placed.users.pop(user, None)
 
     def forget(self, replica_id: str) -> None:
         """A replica that left: its cache is gone with it (one that comes back starts cold)."""
         self._placed.pop(replica_id, None)
         self._waiting_tokens.pop(replica_id, None)
+        self._gone.add(replica_id)
 
     def placed_live(self, replica_id: str) -> dict[str, int]:
         placed = self._placed.get(replica_id)

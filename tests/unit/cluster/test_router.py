@@ -190,3 +190,20 @@ def test_an_idle_node_without_the_model_loaded_beats_a_front_door_seconds_behind
     assert r.place("summarize", MODEL, 40, (), [front, node]).replica_id == "node"
     quiet = router()  # the same front door, idle: a 2 s load is not worth it
     assert quiet.place("chat", MODEL, 40, (), [front, node]).replica_id == "front"
+
+
+def test_a_replicas_user_counts_keep_only_live_users_and_a_forgotten_replica_stays_forgotten() -> None:
+    """Found by a review: each user name stayed in a replica's counts at 0 for good, and a request placed on a
+    replica as it left created its entry again after ``forget`` (with up to 8,192 prefix hashes)."""
+    r = router()
+    for i in range(100):
+        r.dispatched("a", "chat", 40, [], user=f"conversation-{i}")
+        r.ended("a", "chat", 40, True, user=f"conversation-{i}")
+    assert r._placed["a"].users == {}
+    r.forget("a")
+    r.dispatched("a", "chat", 40, [1, 2, 3], user="late")  # type: ignore[list-item]
+    r.ended("a", "chat", 40, False, user="late")
+    assert "a" not in r._placed
+    r.place("chat", MODEL, 40, [], [replica("a")])  # published again: counted again
+    r.dispatched("a", "chat", 40, [], user="back")
+    assert r._placed["a"].users == {"back": 1}
