@@ -32,7 +32,7 @@ async def background_lifespan(app: Litestar) -> AsyncIterator[None]:
         return
     if store.sessions is None:
         raise RuntimeError("Store.init() has not run")  # store_lifespan opens the store before this starts
-    writer = RequestLogWriter(store.sessions)
+    writer = RequestLogWriter(store.sessions, keep_days=services.settings.request_log_days)
     writer.start()
     services.request_log = writer
     recorder = services.metrics  # the gateway meters every request into it

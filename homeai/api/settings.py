@@ -23,6 +23,7 @@ JOB_ROOTS_ENV = "HOMEAI_JOB_ROOTS"
 ALLOWED_HOSTS_ENV = "HOMEAI_ALLOWED_HOSTS"
 ORIGINS_ENV = "HOMEAI_ORIGINS"
 DRAIN_TIMEOUT_ENV = "HOMEAI_DRAIN_TIMEOUT_S"
+REQUEST_LOG_DAYS_ENV = "HOMEAI_REQUEST_LOG_DAYS"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO_ROOT / "policies" / "default.yaml"
 POLICY_FILE_NAME = "policy.yaml"
@@ -63,17 +64,17 @@ class SettingError(ValueError):
     """A setting from the environment that cannot be used (``homeai serve`` prints it as one line)."""
 
 
-def seconds_from_env(name: str, default: float) -> float:
-    """A duration setting: a finite number of seconds, at least 0 (``30s`` or ``inf`` gave a traceback)."""
+def seconds_from_env(name: str, default: float, unit: str = "seconds") -> float:
+    """A duration setting: a finite number of ``unit``, at least 0 (``30s`` or ``inf`` gave a traceback)."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
     try:
         value = float(text)
     except ValueError:
-        raise SettingError(f"{name} must be a number of seconds, got {text!r}") from None
+        raise SettingError(f"{name} must be a number of {unit}, got {text!r}") from None
     if not math.isfinite(value) or value < 0:
-        raise SettingError(f"{name} must be a finite number of seconds, at least 0, got {text!r}")
+        raise SettingError(f"{name} must be a finite number of {unit}, at least 0, got {text!r}")
     return value
 
 
@@ -120,6 +121,8 @@ class Settings:
     policy_poll_s: float = 1.0  # how often the policy file's mtime is checked for a hot reload
     drain_timeout_s: float = field(default_factory=lambda: seconds_from_env(DRAIN_TIMEOUT_ENV, 30.0))
     # on SIGTERM: running requests may go on this long before their streams are ended (homeai/api/drain.py)
+    request_log_days: float = field(default_factory=lambda: seconds_from_env(REQUEST_LOG_DAYS_ENV, 90.0, "days"))
+    # request-log rows older than this are deleted once a day (0: kept for good; a retention job may keep fewer)
     device: str | None = None
     # decode steps through torch.compile: "auto", "on", "off"; None: the engine's default (HOMEAI_COMPILE_DECODE,
     # else auto: wherever torch.compile works, see homeai/runtime/decode_graph.py)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +24,8 @@ from homeai.metrics.recorder import FinishedRequest
 from homeai.store.tables import RequestLogRow
 
 log = logging.getLogger(__name__)
+
+PRUNE_EVERY_S = 86_400.0
 
 
 def log_row(done: FinishedRequest) -> dict[str, Any]:
@@ -37,8 +41,14 @@ class RequestLogWriter:
     """Bounded, batching, drop-oldest writer of request-log rows; ``healthy`` is read by /readyz."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], max_queue: int = 10_000,
-                 batch_size: int = 500, write_timeout_s: float = 2.0, max_backoff_s: float = 5.0) -> None:
+                 batch_size: int = 500, write_timeout_s: float = 2.0, max_backoff_s: float = 5.0,
+                 keep_days: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._sessions = sessions
+        # rows older than this go once a day (0: none): one row per request, ~1 GB a year at 10k a day, and
+        # nothing pruned unless someone made a retention job
+        self.keep_days = keep_days
+        self._clock = clock
+        self._pruned_at: float | None = None
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=max_queue)
         self.batch_size = batch_size
         self.write_timeout_s = write_timeout_s
@@ -93,6 +103,7 @@ class RequestLogWriter:
             if await self.write(self._held):
                 self._held = []
                 backoff_s = 0.1
+                await self._prune_daily()
             else:
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(self.max_backoff_s, backoff_s * 2)
@@ -113,6 +124,21 @@ class RequestLogWriter:
         self.healthy = True
         self.num_written += len(rows)
         return True
+
+    async def _prune_daily(self) -> None:
+        """After a write, once a day: delete the rows older than ``keep_days`` (a failure is logged, and
+        tried again the next day)."""
+        now = self._clock()
+        if not self.keep_days or (self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY_S):
+            return
+        self._pruned_at = now
+        try:
+            removed = await prune_request_log(self._sessions, self.keep_days)
+        except Exception as e:  # noqa: BLE001 - serving and logging go on
+            log.warning("request log: pruning rows older than %g days failed (%s)", self.keep_days, e)
+            return
+        if removed:
+            log.info("request log: %d rows older than %g days deleted", removed, self.keep_days)
 
     def status(self) -> dict[str, Any]:
         return {"healthy": self.healthy, "queued": self.queue.qsize() + len(self._held),

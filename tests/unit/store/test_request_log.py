@@ -3,6 +3,7 @@ full, turns unhealthy while the database fails and healthy again once a write su
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -150,3 +151,39 @@ async def test_retention_prunes_old_rows(store: Store) -> None:
     assert await prune_request_log(store.sessions, 30) == 2
     async with store.sessions() as session:
         assert await session.scalar(select(func.count()).select_from(RequestLogRow)) == 3
+
+
+async def test_the_writer_prunes_rows_older_than_its_days_once_a_day(store: Store) -> None:
+    """Found by a review: nothing pruned the log unless someone made a retention job (one row per request,
+    ~1 GB a year at 10k requests a day). The server's writer now keeps HOMEAI_REQUEST_LOG_DAYS (90)."""
+    assert store.sessions is not None
+    clock = [0.0]
+    writer = RequestLogWriter(store.sessions, keep_days=30, clock=lambda: clock[0])
+    base = {"request_id": "old", "kind": "chat", "class_name": "chat", "user": "u", "model": "m", "status": "ok",
+            "num_prompt_tokens": 1, "num_output_tokens": 1, "e2e_ms": 1.0}
+
+    async def add_old() -> None:
+        async with store.sessions.begin() as session:  # type: ignore[union-attr]
+            aged = datetime.now(UTC) - timedelta(days=40)
+            await session.execute(insert(RequestLogRow), [{**base, "created_at": aged}])
+
+    async def write_one(i: int) -> None:
+        done = finished(i)
+        done.finished_at = datetime.now(UTC).timestamp()
+        writer.submit(done)
+        await await_until(lambda: writer.num_written == i)
+        await asyncio.sleep(0.05)  # the prune after the write
+
+    await add_old()
+    writer.start()
+    try:
+        await write_one(1)
+        assert [r.request_id for r in await rows(store)] == ["r1"]
+        await add_old()
+        await write_one(2)  # the same day: not again
+        assert sorted(r.request_id for r in await rows(store)) == ["old", "r1", "r2"]
+        clock[0] += 86_401
+        await write_one(3)
+        assert sorted(r.request_id for r in await rows(store)) == ["r1", "r2", "r3"]
+    finally:
+        await writer.stop()
