@@ -174,7 +174,12 @@ class Membership:
 
     def _place(self, spec: NodeSpec) -> None:
         """Start a replica on the node (it loads its models; ``ready`` answers once they are loaded), or
-        keep the node standing by when the policy gives it nothing to serve."""
+        keep the node standing by when the policy gives it nothing to serve. A node back under a new id (a
+        restart, a dropped link) replaces its entries that left: each stayed for good, one more row a time."""
+        with self._lock:
+            for old in [i for i, r in self.replicas.items()
+                        if r.state == "left" and r.spec.name == spec.name and i != spec.node_id]:
+                del self.replicas[old]
         models = models_for(self.policy_holder.current, spec, self._replicas_of_models())
         if not models:
             known = self.replicas.get(spec.node_id)

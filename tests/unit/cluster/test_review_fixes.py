@@ -202,3 +202,16 @@ def test_a_standby_node_that_leaves_is_removed_under_the_lock(fake_ray: FakeRay)
     fake_ray.node_names = ["N1"]
     members.refresh()
     assert "N2" not in members.replicas
+
+
+def test_a_node_back_under_a_new_id_replaces_the_entry_it_left(fake_ray: FakeRay) -> None:
+    """Found by a review: every restart or dropped link of a node (a new Ray node id each time) left one
+    more "left" entry in membership for good: its actor handle and load, and one more row in `homeai nodes`,
+    /v1/stats and the TUI."""
+    members = members_of(PolicyHolder(policy()))
+    for restart in range(1, 4):
+        fake_ray.nodes = lambda r=restart: [  # type: ignore[method-assign]
+            {"NodeID": f"N1-{r}", "Alive": True, "Resources": {"homeai_device": 1.0}, "Labels": {"homeai-node": "N1"}}]
+        members.refresh()
+        members.refresh()
+    assert [(r["replica"], r["state"]) for r in members.nodes()] == [("N1-3", "ready")], members.nodes()
