@@ -50,6 +50,13 @@ class PromSeries:
         reg.register(self.collector)
         self._children: dict[tuple[str, ...], Any] = {}
 
+    def remove_user(self, user: str) -> None:
+        """Drop the series of a user label that is handed to another user (its counters start over)."""
+        for metric in (self.prompt_tokens, self.generation_tokens):
+            for key in [k for k in self._children if k[0] == str(id(metric)) and k[1] == user]:
+                metric.remove(*key[1:])
+                del self._children[key]
+
     def child(self, metric: Histogram | Counter, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: labels() takes a lock and builds a tuple on each call."""
         key = (str(id(metric)), *labels)

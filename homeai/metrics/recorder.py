@@ -32,6 +32,10 @@ _STALE_S = 3600.0  # a request never finished after an hour is dropped (a caller
 MAX_USER_LABELS = 128
 USER_LABEL_CHARS = 64
 OTHER_USERS = "(other)"
+# A label whose user sent nothing for this long (and has nothing live) is handed to a new user when all are
+# taken: the first 128 names (a keyless client's per-conversation users) held them for good, and everyone
+# after, a household member given a key months later included, counted as OTHER_USERS until a restart.
+LABEL_IDLE_S = 3600.0
 
 
 @dataclass(slots=True)
@@ -93,6 +97,7 @@ class MetricsRecorder:
         self._user_gen: dict[str, RateWindow] = {}
         self._user_prompt: dict[str, RateWindow] = {}
         self._user_labels: set[str] = set()
+        self._label_used_s: dict[str, float] = {}  # label -> when a request of it last started
         self._requests: dict[str, dict[str, int]] = {}    # class -> status -> count
         self._rejections: dict[str, dict[str, int]] = {}  # class -> reason -> count
         self._steps: dict[str, deque[tuple[float, int]]] = {}  # model -> (t, steps) at recent reads
@@ -115,8 +120,28 @@ class MetricsRecorder:
             self._window(self._user_prompt, label, RateWindow).add(now, num_prompt_tokens)
 
     def _user_label(self, user: str) -> str:
-        """The name ``user`` is counted under in the metrics and the per-user rates (see MAX_USER_LABELS)."""
-        return _claim_label(self._user_labels, user)
+        """The name ``user`` is counted under in the metrics and the per-user rates (see MAX_USER_LABELS);
+        when every label is taken, one idle for LABEL_IDLE_S is handed over first."""
+        label = user[:USER_LABEL_CHARS]
+        if label not in self._user_labels and len(self._user_labels) >= MAX_USER_LABELS:
+            self._free_an_idle_label()
+        label = _claim_label(self._user_labels, user)
+        self._label_used_s[label] = self.clock()
+        return label
+
+    def _free_an_idle_label(self) -> None:
+        now = self.clock()
+        live = {live.user[:USER_LABEL_CHARS] for live in self._live.values()}
+        idle = [(t, lab) for lab, t in self._label_used_s.items()
+                if lab in self._user_labels and lab not in live and now - t >= LABEL_IDLE_S]
+        if not idle:
+            return
+        _, label = min(idle)
+        self._user_labels.discard(label)
+        self._label_used_s.pop(label, None)
+        self._user_gen.pop(label, None)
+        self._user_prompt.pop(label, None)
+        self.series.remove_user(label)
 
     def stats_user_rows(self, users: Iterable[str]) -> dict[str, str]:
         """The /v1/stats row each of ``users`` is shown under (the scheduler's fairness counters name every

@@ -250,6 +250,24 @@ def test_user_labels_are_bounded_and_the_log_keeps_the_user(rec: MetricsRecorder
     assert rec.recent[-1].user == f"u{MAX_USER_LABELS + 39}-{long}"
 
 
+def test_a_label_idle_for_an_hour_goes_to_a_new_user_when_all_are_taken(rec: MetricsRecorder,
+                                                                         clock: VirtualClock) -> None:
+    """Found by a review: the first MAX_USER_LABELS names (a keyless client's per-conversation users) held
+    the labels for good, and a household member given a key months later counted as "(other)"."""
+    from homeai.metrics.recorder import LABEL_IDLE_S
+
+    for i in range(MAX_USER_LABELS):
+        run_request(rec, clock, f"r{i}", ttft_s=0.01, gaps_s=[0.01], user=f"conversation-{i}")
+    run_request(rec, clock, "soon", ttft_s=0.01, gaps_s=[0.01], user="alice")
+    assert "alice" not in rec.user_rates()  # every label was used within the hour
+    clock.advance(LABEL_IDLE_S)
+    run_request(rec, clock, "later", ttft_s=0.01, gaps_s=[0.01], user="alice")
+    users = rec.user_rates()
+    assert "alice" in users and "conversation-0" not in users and len(users) <= MAX_USER_LABELS + 1
+    text = rec.prometheus_text().decode()
+    assert 'user="alice"' in text and 'user="conversation-0"' not in text
+
+
 def test_fairness_counters_land_on_the_users_rate_rows(rec: MetricsRecorder, clock: VirtualClock) -> None:
     """The scheduler counts every raw user name: each became a row of its own in /v1/stats (without bound,
     past the metrics' cap too) beside the row that held the user's rates under its cut name."""
