@@ -41,6 +41,10 @@ _SOURCE_LOCATION = re.compile(r"\[[\d:]+\] \S+:\d+: ")
 CLOSING_WINDOW = 16  # spare tokens under which every sampled token must leave a closing that fits
 CLOSING_CANDIDATES = 8  # of the model's likeliest tokens checked each step inside that window
 CLOSING_SEARCH_BYTES = 2048  # a closing longer than this is not looked for (the output may be cut)
+# Bytes a row's candidate searches may go through in a step, each a bitmask fill of the vocabulary (~10 us):
+# they run on the device thread the batch shares, and 8 candidates of a long schema's closing each searched
+# up to 8 bytes a token left (20 strings of 50 characters: steps of up to ~1 s, every step near the end).
+CLOSING_STEP_BYTES = 2048
 _COMPARED_CHOICES = 16  # choices at which the shortest search compares its options (then greedy)
 _LONGEST_CLOSING_TOKEN = 16  # bytes: longer tokens (runs of spaces, long words) never help to close
 # Characters tried at a choice, most closing first: end a string, an object or array, a value's
@@ -326,13 +330,17 @@ class SequenceGrammars:
             scores = row_logits(row).detach().float().cpu().unsqueeze(0)
             xgr.apply_token_bitmask_inplace(scores, bitmask[row:row + 1])
             top = scores[0].topk(min(CLOSING_CANDIDATES, scores.shape[1]))
+            limit, spare = 8 * remaining + 64, CLOSING_STEP_BYTES  # the bytes each search, and all, may go
             for score, token_id in zip(top.values.tolist(), top.indices.tolist(), strict=True):
                 if token_id in options or score == float("-inf"):
                     continue
+                if limit > spare:  # the step's search is spent: the row follows its closing (and those found)
+                    break
                 fork = matcher.fork()
                 if not fork.accept_token(token_id):
                     continue
-                rest = [] if fork.is_completed() else closer.closing(fork, 8 * remaining + 64)
+                rest = [] if fork.is_completed() else closer.closing(fork, limit)
+                spare -= limit
                 if rest is not None and len(rest) + 1 <= remaining - 1:
                     options[token_id] = rest
         bitmask[row] = 0
