@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from litestar import Litestar
 from litestar.openapi import OpenAPIConfig
@@ -45,14 +45,34 @@ from homeai.store.db import Store
 log = logging.getLogger(__name__)
 
 
+def exit_after_failed_start(what: str, exc: BaseException, hint: str = "") -> NoReturn:
+    """``homeai serve``'s end when a service cannot start: one line and exit 1 (under systemd a traceback was
+    repeated every restart). ``os._exit``: the lifespan's caller would turn a raise into a traceback."""
+    log.debug("the start failed", exc_info=exc)
+    if isinstance(exc, SystemExit):  # its message is the whole story
+        cause = str(exc.code)
+    else:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        cause = f"{type(exc).__name__}: {first}"
+    # its own line: the log's records go out through a queue, and one may be half written now
+    print(f"\nerror: {what}: {cause}{hint}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(1)
+
+
 @asynccontextmanager
 async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
     """SQLite (users, keys, request log, policy versions); the running policy is recorded once. After
     a refused policy file, the newest valid stored version replaces the packaged default first."""
     services = services_of(app)
     settings = services.settings
-    store = Store(settings.database_url) if settings.database_url else Store.in_dir(settings.data_dir)
-    await store.init()
+    try:
+        store = Store(settings.database_url) if settings.database_url else Store.in_dir(settings.data_dir)
+        await store.init()
+    except Exception as exc:  # a database that is down or refuses us: one line under `homeai serve`
+        if not settings.exit_on_start_failure:
+            raise
+        exit_after_failed_start("cannot open the database", exc)
     services.store = store
     try:
         if services.policy_refusal is not None:
@@ -80,23 +100,24 @@ async def engine_lifespan(app: Litestar) -> AsyncIterator[None]:
     if settings.cluster:  # only then is Ray imported
         from homeai.cluster.front_door import cluster_gateway
 
-        gateway, stop_cluster = await loop.run_in_executor(
-            None, cluster_gateway, settings.cluster, settings.data_dir, services.policy_holder, config,
-            Meter(services.metrics))
+        try:  # a bad address, no Ray, no token, a head that does not come up (SystemExit from connect)
+            gateway, stop_cluster = await loop.run_in_executor(
+                None, cluster_gateway, settings.cluster, settings.data_dir, services.policy_holder, config,
+                Meter(services.metrics))
+        except (Exception, SystemExit) as exc:
+            if not settings.exit_on_start_failure:
+                raise
+            exit_after_failed_start("cannot start the cluster", exc)
     else:
         gateway = Gateway(services.policy_holder, config, meter=Meter(services.metrics))  # meters every submission
     try:
         await loop.run_in_executor(None, gateway.start)
     except Exception as exc:
+        if stop_cluster is not None:  # the head is ours: left running, the next start attached to the orphan
+            await loop.run_in_executor(None, stop_cluster)
         if not settings.exit_on_start_failure:
             raise
-        log.debug("the start failed", exc_info=exc)
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        # its own line: the log's records go out through a queue, and one may be half written now
-        print(f"\nerror: cannot start: {type(exc).__name__}: {first} (a damaged model is pulled again by `homeai "
-              "pull --force NAME`)", file=sys.stderr, flush=True)
-        logging.shutdown()
-        os._exit(1)
+        exit_after_failed_start("cannot start", exc, " (a damaged model is pulled again by `homeai pull --force NAME`)")
     services.gateway = gateway
     use_catalog(services.policy_holder, gateway.catalog)  # new policies: against what is pulled and fits
     log.info("serving %s on http://%s:%d", ", ".join(gateway.served_models()), settings.host, settings.port)

@@ -5,7 +5,10 @@ that left the engine one 16-token block, ``--device cuda`` on a CPU-only torch f
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def port(text: str) -> int:
@@ -34,6 +37,33 @@ def probability(text: str) -> float:
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
+
+
+def seed(text: str) -> int:
+    """A random seed torch can take (a 64-bit integer: a larger one failed on the device thread)."""
+    value = _int(text, "an integer seed")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise argparse.ArgumentTypeError(f"a seed is a 64-bit integer ({INT64_MIN} to {INT64_MAX}), got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A duration: a finite number of seconds, at least 0 (the check ``seconds_from_env`` makes on the env)."""
+    value = _float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, at least 0, got {text!r}")
+    return value
+
+
+def cluster_address(text: str) -> str:
+    """``HOST[:PORT]`` of a Ray head, checked as the cluster will read it and returned as given."""
+    from homeai.cluster.ray_process import split_address  # no Ray import: only the address rules
+
+    try:
+        split_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def positive_ints(text: str) -> list[int]:

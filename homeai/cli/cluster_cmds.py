@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,8 @@ def add_cluster_commands(subparsers: Any) -> None:
     node_cmds = node.add_subparsers(dest="node_command", required=True)
     join = node_cmds.add_parser("join", help="serve the front door at ADDRESS with this machine's device "
                                              "(stays in the foreground; stopping it takes the node out)")
-    join.add_argument("address", help="the front door's cluster address, HOST:PORT (its --cluster)")
+    join.add_argument("address", type=arg_types.cluster_address,
+                      help="the front door's cluster address, HOST:PORT (its --cluster)")
     join.add_argument("--node-ip", default=None,
                       help="this machine's address on the LAN, which Ray binds to (default: the one that "
                            "reaches ADDRESS)")
@@ -56,10 +58,16 @@ def _local_ip_towards(address: str) -> str:
 def cmd_node_join(args: argparse.Namespace) -> int:
     from homeai.cluster.ray_process import cluster_token, start_node, use_token
 
+    try:  # a host that does not resolve, or no route to it: one line, before Ray starts
+        node_ip = args.node_ip or _local_ip_towards(args.address)
+    except OSError as exc:
+        print(f"error: cannot find this machine's address towards {args.address}: {exc.strerror or exc} "
+              "(check the address, or pass --node-ip)", file=sys.stderr)
+        return 1
     use_token(cluster_token(token_file=args.token_file))
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     name = args.name or socket.gethostname()
-    node = start_node(args.address, args.node_ip or _local_ip_towards(args.address), args.device, models, name)
+    node = start_node(args.address, node_ip, args.device, models, name)
 
     leaving = threading.Event()  # the handler only sets it: waiting on the process inside it would deadlock
 

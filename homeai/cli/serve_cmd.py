@@ -46,13 +46,13 @@ def add_serve_command(subparsers: Any) -> None:
                         help="KV cache size of the LLM; default 256")
     parser.add_argument("--device", type=arg_types.device, default=None,
                         help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--drain-timeout", type=arg_types.seconds, default=None, metavar="SECONDS",
                         help=f"on SIGTERM, how long running requests may go on (env {DRAIN_TIMEOUT_ENV}; "
                              "default 30)")
     parser.add_argument("--compile-decode", choices=["auto", "on", "off"], default=None,
                         help="compile decode steps with torch.compile, in the background at start "
                              "(env HOMEAI_COMPILE_DECODE; default auto: wherever torch.compile works here)")
-    parser.add_argument("--cluster", default=None, metavar="HOST[:PORT]",
+    parser.add_argument("--cluster", type=arg_types.cluster_address, default=None, metavar="HOST[:PORT]",
                         help="also run a Ray head bound to HOST (port default 6380) and serve LLM requests on the "
                              "nodes that join it with `homeai node join` (env HOMEAI_CLUSTER; needs the cluster "
                              "extra: pip install 'homeai[cluster]')")

@@ -33,8 +33,15 @@ DEFAULT_PORT = 6380
 
 
 def split_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
-    return (host or address), int(port) if port else default_port
+    """``HOST[:PORT]`` as (host, port); ValueError naming what is wrong (``host:abc`` was ``int()``'s error)."""
+    host, _, port = address.strip().rpartition(":") if ":" in address else (address.strip(), "", "")
+    if not host:
+        raise ValueError(f"expected HOST[:PORT], got {address!r}")
+    if not port:
+        return host, default_port
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST[:PORT] with a port 0-65535, got {address!r}")
+    return host, int(port)
 
 
 def cluster_token(data_dir: Path | None = None, token_file: Path | None = None) -> str:

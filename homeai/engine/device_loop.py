@@ -121,9 +121,11 @@ class DeviceLoop:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        for engine in self.llms.values():
-            if engine.runner.compiled is not None:
-                engine.runner.compiled.stop()
+        compiles = [e.runner.compiled for e in self.llms.values() if e.runner.compiled is not None]
+        for compiled in compiles:  # all at once: they share one wait for the buckets being compiled
+            compiled.request_stop()
+        for compiled in compiles:
+            compiled.stop()
 
     # ---- the device thread -----------------------------------------------------------------------
     def _run(self) -> None:

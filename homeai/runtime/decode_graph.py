@@ -17,16 +17,20 @@ largest bucket stay eager.
 
 Compilation runs in a background thread at start; until a bucket is ready its steps run eager, and a
 bucket that fails to compile stays eager (logged once). Inductor's caches live under the cache
-directory, so a later start skips code generation.
+directory, so a later start skips code generation. A stop lets the bucket being compiled finish; at
+interpreter exit one still compiling is waited for (``homeai`` itself leaves with ``os._exit`` instead):
+finalising Python while the thread ran inside Inductor's C++ code aborted the process (exit 134).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -176,6 +180,20 @@ def _skip_guards_on_the_model(entries: list[Any]) -> list[bool]:
             for entry in entries]
 
 
+def compile_threads() -> set[threading.Thread]:
+    """The background compilations still running: a process that must not wait for them leaves with
+    ``os._exit`` (``homeai``'s commands do) rather than finalising Python under them."""
+    return {c._thread for c in list(_started) if c._thread is not None and c.compiling()}
+
+
+def _finish_compiling_at_exit() -> None:
+    """At interpreter exit: no further bucket, and the one being compiled finishes before Python finalises
+    (a thread torn down inside Inductor's C++ code aborted the process: "terminate called without an active
+    exception")."""
+    for compiled in list(_started):
+        compiled.stop(timeout=None)
+
+
 class CompiledDecode:
     """The compiled decode path of one model and its KV cache; ``run`` serves a ready bucket."""
 
@@ -210,13 +228,19 @@ class CompiledDecode:
         self._compiled = torch.compile(decode_forward, dynamic=False, mode=mode, options=options)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._stopped_at: float | None = None  # time.monotonic() of the first stop
 
     # --- readiness -------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Compile every bucket in a background thread at low priority (steps run eager meanwhile)."""
         self._thread = threading.Thread(target=self._compile_in_background, name="homeai-compile", daemon=True)
+        _started.add(self)
         self._thread.start()
+
+    def compiling(self) -> bool:
+        """Whether the background compilation is still running."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _compile_in_background(self) -> None:
         _yield_cpu_to_serving()
@@ -227,14 +251,29 @@ class CompiledDecode:
             if self._stop.is_set() or not self.compile_bucket(b):
                 return
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Compile no further bucket; wait (up to ``timeout``) for the one being compiled."""
+    def request_stop(self) -> float:
+        """Compile no further bucket (returns at once); the time.monotonic() of the first stop."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        return self._stopped_at
+
+    def stop(self, timeout: float | None = 10.0) -> bool:
+        """Compile no further bucket; wait for the one being compiled until ``timeout`` after the first stop
+        (None: until it is done), so that the device loop and the gateway stopping it in turn wait once.
+        False when it goes on past the wait (see ``compile_threads``)."""
+        stopped_at = self.request_stop()
+        wait_s = None if timeout is None else max(0.0, stopped_at + timeout - time.monotonic())
+        if self._thread is not None and wait_s != 0.0:
+            self._thread.join(wait_s)
+            if self.compiling():
+                log.info("a decode bucket is still compiling %.0fs after the stop; it ends with this process",
+                         time.monotonic() - stopped_at)
+        return not self.compiling()
 
     def compile_bucket(self, batch: int) -> bool:
-        """Compile (or load from Inductor's cache) the graph of one bucket; False once one has failed."""
+        """Compile (or load from Inductor's cache) the graph of one bucket; False once one has failed, or once
+        the compilation is stopped."""
         if self.failed is not None:
             return False
         _raise_recompile_limits()  # this thread's settings: whoever calls compiles
@@ -242,6 +281,8 @@ class CompiledDecode:
         try:
             # Two context lengths, so a dynamic context dimension is settled here, not on a live step.
             for length in (2 * self.cache.block_size, 3 * self.cache.block_size):
+                if self._stop.is_set():  # stopped between the two: the bucket stays eager
+                    return False
                 self._call(*self._scratch_inputs(batch, length))
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: stay eager
             self.failed = f"{type(exc).__name__}: {exc}"
@@ -308,3 +349,9 @@ class CompiledDecode:
                 torch.compiler.cudagraph_mark_step_begin()
             return self._compiled(self.model, self._cos, self._sin, ids, positions, slots, ctx, lens,
                                   self.cache.kv)
+
+
+_started: weakref.WeakSet[CompiledDecode] = weakref.WeakSet()  # a running thread keeps its CompiledDecode
+# threading's exit hook (concurrent.futures uses it) runs before atexit's handlers, among them Inductor's,
+# which shut down the compile workers that the bucket being compiled may still need.
+getattr(threading, "_register_atexit", atexit.register)(_finish_compiling_at_exit)
