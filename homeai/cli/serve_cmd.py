@@ -65,6 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from homeai.api.app import create_app
     from homeai.api.drain import DRAIN_GRACE_S
+    from homeai.api.http_limits import server_limits
     from homeai.api.services import services_of
     from homeai.policy.loader import PolicyError
 
@@ -110,7 +111,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, workers=1,
-                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s + DRAIN_GRACE_S))
+                            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s + DRAIN_GRACE_S),
+                            **server_limits())
     DrainingServer(config).run(sockets=[sock])
     return 0
 
