@@ -42,7 +42,6 @@ def _deadline_current(entry: tuple[float, int, int, QueuedItem]) -> bool:
 
 
 MAX_RETRY_AFTER_S = 60.0
-IDLE_COUNTERS_KEPT = 256  # VTC counters of idle users kept before those at the floor are dropped
 
 
 class QueueFullError(Exception):
@@ -234,8 +233,8 @@ class ClassQueue:
             queued = self.users_queued()
             for user in {item.user for item in batch} - queued:
                 self.fairness.on_drained(user)
-            if len(self.fairness) > IDLE_COUNTERS_KEPT + len(queued):  # an embedding input never runs on
-                self.fairness.forget_idle(queued)  # after its batch: the queued users are the active ones
+            if len(self.fairness) > self.fairness.prune_above:  # an embedding input never runs on after its
+                self.fairness.forget_idle(queued)  # batch: the queued users are the active ones
         return batch
 
     def _cap(self, max_size: int | None) -> int:

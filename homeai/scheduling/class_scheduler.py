@@ -43,7 +43,7 @@ from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import ScheduledChunk, StepOutput, StepPlan
 from homeai.policy.schema import ClassPolicy, Policy
-from homeai.scheduling.class_queue import IDLE_COUNTERS_KEPT, ClassQueue, QueuedItem
+from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
 from homeai.scheduling.fairness import VirtualTokenCounter
 from homeai.scheduling.interface import StepScheduler
@@ -258,10 +258,9 @@ class ClassScheduler(StepScheduler):
         """Each class's VTC counters of users with nothing queued or running, where they outnumber the active
         ones (``VirtualTokenCounter.forget_idle``): checked each step by a length, pruned now and then."""
         for state in self.classes.values():
-            if len(state.vtc) > IDLE_COUNTERS_KEPT:
-                active = state.queue.users_queued() | {s.user for s in self.running if s.class_name == state.name}
-                if len(state.vtc) > IDLE_COUNTERS_KEPT + len(active):
-                    state.vtc.forget_idle(active)
+            if len(state.vtc) > state.vtc.prune_above:
+                state.vtc.forget_idle(state.queue.users_queued() | {s.user for s in self.running
+                                                                    if s.class_name == state.name})
 
     def _reject_pushed_out(self, state: LLMClassState) -> None:
         """Requests a full queue pushed out for another user's: rejected with the queue's 429."""

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from homeai.policy.schema import Policy
 
+IDLE_COUNTERS_KEPT = 256  # counters of idle users kept before those at the floor are dropped (``forget_idle``)
+
 
 class VirtualTokenCounter:
     """Per-user virtual token counters for one class (not thread-safe: the scheduler loop owns it)."""
@@ -31,6 +33,7 @@ class VirtualTokenCounter:
     ) -> None:
         self._counters: dict[str, float] = {}
         self._last_left = 0.0
+        self.prune_above = IDLE_COUNTERS_KEPT  # the number of counters past which ``forget_idle`` is due
         self.set_weights(w_in, w_out, weights, default_weight)
 
     @classmethod
@@ -126,6 +129,8 @@ class VirtualTokenCounter:
         gone = [u for u, c in self._counters.items() if u not in live and c <= floor]
         for u in gone:
             del self._counters[u]
+        # not due again before a quarter more has come (those left are active, or ahead of the floor)
+        self.prune_above = max(IDLE_COUNTERS_KEPT, len(self._counters) + IDLE_COUNTERS_KEPT // 4)
         return len(gone)
 
     def snapshot(self) -> dict[str, float]:

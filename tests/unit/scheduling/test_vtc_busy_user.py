@@ -61,7 +61,7 @@ def test_idle_users_at_the_floor_are_forgotten_and_come_back_where_they_would_ha
 
 
 def test_a_class_keeps_a_bounded_number_of_idle_users_counters() -> None:
-    from homeai.scheduling.class_queue import IDLE_COUNTERS_KEPT
+    from homeai.scheduling.fairness import IDLE_COUNTERS_KEPT
 
     doc = {"classes": {"chat": {"kind": "llm", "model": "m", "priority": 1}},
            "scheduler": {"max_num_batched_tokens": 512, "max_num_seqs": 8}}
