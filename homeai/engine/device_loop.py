@@ -51,7 +51,8 @@ class DeviceLoop:
 
     def __init__(self, llm: LLMEngine | None, batcher: Batcher, embed: EmbedService | None = None,
                  build_snapshot: Callable[[], Snapshot] | None = None,
-                 llms: dict[str, LLMEngine] | None = None) -> None:
+                 llms: dict[str, LLMEngine] | None = None,
+                 encoders_wanted: Callable[[], set[str]] | None = None) -> None:
         # Engines by model, as the batcher's ModelSet names them (one engine: its scheduler's model).
         self.llms: dict[str, LLMEngine] = dict(llms or {})
         if llm is not None:
@@ -74,6 +75,9 @@ class DeviceLoop:
         self._policies: list[Policy] = []
         self._policies_lock = threading.Lock()
         self._build_snapshot = build_snapshot
+        # the embedding models a newer policy (or a load under way) still needs: after a swap the device
+        # thread drops the others (``EmbedService.forget_unused``); None: none is dropped
+        self._encoders_wanted = encoders_wanted
         self._snapshot: Snapshot = {}
         self._snapshot_at_s = float("-inf")
         self._last_work_at = float("-inf")  # time.monotonic() of the last step or batch (keep-warm)
@@ -171,6 +175,9 @@ class DeviceLoop:
             models, self._models_posted = self._models_posted, []
         for policy in policies:  # first: requests posted after a swap are routed by the new policy
             self.batcher.apply_policy(policy)
+        if policies and self.embed is not None and self._encoders_wanted is not None:
+            applied = {c.model for c in self.batcher.policy.classes.values() if c.kind == "embedding"}
+            self.embed.forget_unused(applied | self._encoders_wanted())
         for name, engine, done in models:
             done.set_result(self._join(name, engine) if engine is not None else self._leave(name))
         for engine in self.llms.values():

@@ -73,6 +73,16 @@ class EmbedService:
         self._inbox: list[tuple[str, str, list[QueuedItem]]] = []  # (push | cancel, class, items)
         self._inbox_lock = threading.Lock()
 
+    def forget_unused(self, wanted: set[str]) -> list[str]:
+        """Device thread, after a policy swap: drop the encoders no class of the applied policy nor of a newer
+        one uses (one a swap left stayed loaded for good, ~90 MB for MiniLM, more for larger ones); a request
+        that still holds one finishes with it, its inputs fail as moved. Returns the names dropped."""
+        gone = [name for name in list(self.embedders) if name not in wanted]
+        for name in gone:
+            self.embedders.pop(name, None)
+            log.info("embedding model %s unloaded: no class of the policy uses it", name)
+        return gone
+
     def model_for(self, class_name: str, policy: Policy) -> Embedder:
         cp = policy.classes.get(class_name)
         if cp is None or cp.kind != "embedding":

@@ -122,7 +122,7 @@ class Gateway:
         self.batcher = Batcher(policy, ModelSet())  # the LLMs join it as they load
         self.embed_service = EmbedService(self.batcher, self.embedders, threading.Event())
         self.loop = DeviceLoop(llm=None, batcher=self.batcher, embed=self.embed_service,
-                               build_snapshot=self._build_snapshot)
+                               build_snapshot=self._build_snapshot, encoders_wanted=self._encoders_wanted)
         catalog = self.catalog()
         self.pool = ModelPool(None, self._load_llm, self._attach, self._detach, free_engine, engine_bytes,
                               fixed_bytes=sum((catalog.footprint_bytes(policy, n, "embedding") or 0) if catalog else 0
@@ -158,14 +158,18 @@ class Gateway:
     def _follow_encoders(self, policy: Policy) -> None:
         """Embedding models a new policy names load in the background (until then their requests get a 503
         with Retry-After, ``embedder``). Before, only the start loaded encoders, and every request of a class
-        moved to another encoder failed until a restart. One no class names any more stays loaded (a batch
-        the device thread takes before it applies the swap still runs on it)."""
+        moved to another encoder failed until a restart. One no class names any more is dropped by the device
+        thread once it has applied the swap (``EmbedService.forget_unused``): a batch it takes before runs on it."""
         wanted = {c.model for c in policy.classes.values() if c.kind == "embedding"}
         for name in sorted(wanted - set(self.embedders) - set(self._encoder_loads)):
             self._encoder_errors.pop(name, None)
             thread = threading.Thread(target=self._load_encoder, args=(name,), name=f"load-{name}", daemon=True)
             self._encoder_loads[name] = thread
             thread.start()
+
+    def _encoders_wanted(self) -> set[str]:
+        """The embedding models the newest policy names, and those loading (the device thread keeps these)."""
+        return {c.model for c in self.policy.classes.values() if c.kind == "embedding"} | set(self._encoder_loads)
 
     def _load_encoder(self, name: str) -> None:
         try:

@@ -122,3 +122,19 @@ async def test_rows_tokenized_before_a_move_are_not_embedded_by_the_new_encoder(
     with pytest.raises(QueueTimeoutError, match="now runs on model 'e2', not 'e'"):
         task.result()
     assert log == []
+
+
+async def test_an_encoder_no_class_uses_after_a_swap_is_dropped_by_the_device_thread() -> None:
+    """An embedding model a swap left unused stayed loaded for good (~90 MB for MiniLM, more for larger
+    ones). The device thread drops it once it has applied the swap, unless a newer policy (or a load under
+    way) wants it."""
+    rig = Rig(parse_policy(policy("e"), source="before"), asyncio.get_running_loop())
+    rig.embed.embedders["e2"] = FakeEncoder(rig.clock)  # type: ignore[assignment]
+    newer: set[str] = set()
+    rig.loop._encoders_wanted = lambda: newer
+    await swap_and_run(rig, policy("e2"))
+    assert set(rig.embed.embedders) == {"e2"}
+    rig.embed.embedders["e"] = FakeEncoder(rig.clock)  # type: ignore[assignment]
+    newer.add("e")  # posted next: the newer policy moves the class back
+    await swap_and_run(rig, policy("e2"))
+    assert set(rig.embed.embedders) == {"e", "e2"}
