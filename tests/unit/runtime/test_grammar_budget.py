@@ -17,6 +17,7 @@ import msgspec
 import pytest
 import torch
 import xgrammar as xgr
+from grammar_helpers import EOS, decode_row
 from transformers import PreTrainedTokenizerBase
 
 from homeai.api.openai_schemas import FunctionTool
@@ -46,7 +47,6 @@ CONSTRAINTS = {
     "json_object": Constraint(ConstraintKind.JSON_OBJECT, ""),
     "json_schema": Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(NESTED)),
 }
-EOS = 2  # SmolLM2's <|im_end|>
 
 
 @pytest.fixture(scope="module")
@@ -57,25 +57,6 @@ def tokenizer(pulled_models: dict[str, Path]) -> PreTrainedTokenizerBase:
 @pytest.fixture(scope="module")
 def cache(tokenizer: PreTrainedTokenizerBase) -> GrammarCache:
     return GrammarCache(tokenizer, len(tokenizer), [EOS])
-
-
-def generate(cache: GrammarCache, constraint: Constraint, max_tokens: int, seed: int,
-             budgets: bool = True) -> tuple[list[int], list[torch.Tensor]]:
-    """Tokens of one row decoded the way the runner does (fill, sample under the mask, advance)."""
-    grammars, rng = SequenceGrammars(cache), torch.Generator().manual_seed(seed)
-    out: list[int] = []
-    masks = []
-    while len(out) < max_tokens:
-        logits = torch.randn(1, cache.vocab_size, generator=rng)
-        mask = grammars.fill([7], [constraint], [out], [max_tokens - len(out)] if budgets else None,
-                             lambda row, scores=logits: scores[row])
-        masks.append(mask.clone())
-        xgr.apply_token_bitmask_inplace(logits, mask)
-        out.append(int(logits.argmax()))
-        if out[-1] == EOS:
-            break
-        grammars.advance(7, out[-1])
-    return out, masks
 
 
 def check(tokenizer: PreTrainedTokenizerBase, name: str, tokens: list[int]) -> None:
@@ -98,14 +79,14 @@ def test_every_budget_that_can_hold_the_output_gets_it_complete(cache: GrammarCa
     shortest = cache.min_output_tokens(constraint)
     assert shortest is not None and shortest >= 2
     for seed, extra in enumerate((0, 0, 1, 2, 3, 5, 7, 10, 12, 16, 20, 25, 30, 45, 60)):
-        tokens, _ = generate(cache, constraint, shortest + extra, seed)
+        tokens, _ = decode_row(cache, constraint, shortest + extra, seed)
         assert tokens[-1] == EOS and len(tokens) <= shortest + extra, (name, extra)
         check(tokenizer, name, tokens)
 
 
 def test_without_budgets_the_same_model_runs_past_its_end(cache: GrammarCache) -> None:
     """The adversary is real: left free, it writes until the budget cuts it."""
-    tokens, _ = generate(cache, CONSTRAINTS["named"], 48, 0, budgets=False)
+    tokens, _ = decode_row(cache, CONSTRAINTS["named"], 48, 0, budgets=False)
     assert len(tokens) == 48 and tokens[-1] != EOS
 
 
@@ -113,7 +94,7 @@ def test_a_row_far_from_its_budget_is_never_narrowed(cache: GrammarCache) -> Non
     constraint = plan_tools(TOOLS[:2], "required", None).constraint()  # names of at most 24 characters
     assert constraint is not None
     for seed in range(3):
-        tokens, masks = generate(cache, constraint, 400, seed)
+        tokens, masks = decode_row(cache, constraint, 400, seed)
         grammars = SequenceGrammars(cache)
         assert tokens[-1] == EOS and len(tokens) + CLOSING_WINDOW < 400
         for step, mask in enumerate(masks):  # the plain grammar's mask of the same prefix
@@ -140,5 +121,5 @@ def test_an_output_no_budget_can_hold_costs_one_search(cache: GrammarCache) -> N
     """The constrained bench's array of 10 000 integers: no closing is looked for beyond the search
     limit, so the row samples freely (and is cut) without a search every step."""
     assert cache.min_output_tokens(LONG_ARRAY) is None
-    tokens, _ = generate(cache, LONG_ARRAY, 24, 0)
+    tokens, _ = decode_row(cache, LONG_ARRAY, 24, 0)
     assert len(tokens) == 24 and EOS not in tokens

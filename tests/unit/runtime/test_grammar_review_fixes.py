@@ -12,15 +12,13 @@ from typing import Any
 
 import jsonschema
 import pytest
-import torch
 import xgrammar as xgr
+from grammar_helpers import EOS, decode_row
 from transformers import PreTrainedTokenizerBase
 
 from homeai.core.types import Constraint, ConstraintKind
 from homeai.engine.builder import load_tokenizer
-from homeai.runtime.grammar import GrammarCache, GrammarError, SequenceGrammars
-
-EOS = 2  # SmolLM2's <|im_end|>
+from homeai.runtime.grammar import GrammarCache, GrammarError
 
 
 @pytest.fixture(scope="module")
@@ -35,21 +33,6 @@ def cache(tokenizer: PreTrainedTokenizerBase) -> GrammarCache:
 
 def schema_constraint(schema: dict[str, Any]) -> Constraint:
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True))
-
-
-def generate(cache: GrammarCache, constraint: Constraint, max_tokens: int, seed: int) -> list[int]:
-    """Tokens of one row decoded the way the runner does (fill with its budget, sample under the mask, advance)."""
-    grammars, rng = SequenceGrammars(cache), torch.Generator().manual_seed(seed)
-    out: list[int] = []
-    while len(out) < max_tokens:
-        logits = torch.randn(1, cache.vocab_size, generator=rng)
-        mask = grammars.fill([7], [constraint], [out], [max_tokens - len(out)], lambda row, scores=logits: scores[row])
-        xgr.apply_token_bitmask_inplace(logits, mask)
-        out.append(int(logits.argmax()))
-        if out[-1] == EOS:
-            break
-        grammars.advance(7, out[-1])
-    return out
 
 
 def test_the_compiler_keeps_no_cache_of_its_own(cache: GrammarCache) -> None:
@@ -72,7 +55,7 @@ def test_a_choice_between_non_ascii_characters_has_a_closing(cache: GrammarCache
     matcher = xgr.GrammarMatcher(cache.compile(constraint))
     assert all(matcher.accept_token(t) for t in closing) and matcher.is_completed()
     jsonschema.validate(json.loads(tokenizer.decode(closing)), schema)
-    tokens = generate(cache, constraint, len(closing) + 1, 0)
+    tokens, _ = decode_row(cache, constraint, len(closing) + 1, 0)
     assert tokens[-1] == EOS
     jsonschema.validate(json.loads(tokenizer.decode(tokens[:-1])), schema)
 
@@ -86,7 +69,7 @@ def test_a_closing_too_long_to_find_at_the_start_is_looked_for_near_the_budget(
     constraint = schema_constraint(schema)
     assert cache.min_output_tokens(constraint) is None
     for seed, budget in enumerate((900, 1100)):
-        tokens = generate(cache, constraint, budget, seed)
+        tokens, _ = decode_row(cache, constraint, budget, seed)
         assert tokens[-1] == EOS and len(tokens) <= budget
         jsonschema.validate(json.loads(tokenizer.decode(tokens[:-1])), schema)
 

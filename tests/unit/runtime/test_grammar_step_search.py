@@ -10,15 +10,13 @@ from typing import Any
 
 import jsonschema
 import pytest
-import torch
-import xgrammar as xgr
+from grammar_helpers import EOS, decode_row
 from transformers import PreTrainedTokenizerBase
 
 from homeai.core.types import Constraint, ConstraintKind
 from homeai.engine.builder import load_tokenizer
-from homeai.runtime.grammar import CLOSING_SEARCH_BYTES, CLOSING_STEP_BYTES, GrammarCache, SequenceGrammars
+from homeai.runtime.grammar import CLOSING_SEARCH_BYTES, CLOSING_STEP_BYTES, GrammarCache
 
-EOS = 2  # SmolLM2's <|im_end|>
 LONG_STRINGS = {"type": "object", "additionalProperties": False, "required": [f"k{i}" for i in range(6)],
                 "properties": {f"k{i}": {"type": "string", "minLength": 30} for i in range(6)}}
 
@@ -39,18 +37,15 @@ def test_a_rows_closing_searches_are_bounded_each_step(tokenizer: PreTrainedToke
 
     cache.closer.closing = counting  # type: ignore[method-assign]
     constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(LONG_STRINGS))
-    grammars, rng, out = SequenceGrammars(cache), torch.Generator().manual_seed(0), []
-    max_tokens, worst = 200, 0
-    while len(out) < max_tokens:
-        logits = torch.randn(1, cache.vocab_size, generator=rng)
+    per_step: list[int] = []
+
+    def next_step() -> None:  # what the step before searched
+        per_step.append(sum(searched))
         searched.clear()
-        mask = grammars.fill([7], [constraint], [out], [max_tokens - len(out)], lambda row, s=logits: s[row])
-        worst = max(worst, sum(searched))
-        xgr.apply_token_bitmask_inplace(logits, mask)
-        out.append(int(logits.argmax()))
-        if out[-1] == EOS:
-            break
-        grammars.advance(7, out[-1])
+
+    max_tokens = 200
+    out, _ = decode_row(cache, constraint, max_tokens, 0, before_fill=next_step)
+    worst = max([*per_step, sum(searched)])
     assert worst <= CLOSING_STEP_BYTES + CLOSING_SEARCH_BYTES, worst  # a row's own closing, then the candidates'
     assert out[-1] == EOS and len(out) <= max_tokens
     jsonschema.validate(json.loads(tokenizer.decode(out[:-1])), LONG_STRINGS)  # still complete, in time
