@@ -206,10 +206,6 @@ class Collections:
             matrix = np.zeros((0, dim or 0), dtype=np.float32)
         return CollectionVectors(version, texts, documents, matrix.astype(np.float32, copy=False))
 
-    async def vector_widths(self, collection_id: int) -> set[int]:
-        """The dimensions of the collection's vectors (one value unless its embedding model changed)."""
-        return {width for _, width in await self.vector_spaces(collection_id)}
-
     async def vector_spaces(self, collection_id: int) -> set[tuple[str | None, int]]:
         """(model, dimensions) of the collection's vectors: one pair unless its embedding model changed (the
         model None: written before models were recorded)."""

@@ -214,12 +214,12 @@ async def test_a_new_embedding_model_indexes_every_file_again_and_search_reads_o
     half = await Indexer(store.collections, None, FakeEmbedder(dim=16), batch_chunks=1).run(
         spec(root, "c"), should_stop=after_the_first_batch)
     assert half.stopped  # a run stopped halfway: both widths are in the collection
-    assert await store.collections.vector_widths(cid) == {8, 16}
+    assert {w for _, w in await store.collections.vector_spaces(cid)} == {8, 16}
     hits = await index.search(cid, vector_of("a new document", 16), 10)
     assert hits and {h.document for h in hits} < {str(root / n) for n in ("old0.txt", "old1.txt", "old2.txt",
                                                                           "new.txt")}
     outcome = await Indexer(store.collections, None, FakeEmbedder(dim=16)).run(spec(root, "c"))
-    assert outcome.num_unchanged == 0 and await store.collections.vector_widths(cid) == {16}
+    assert outcome.num_unchanged == 0 and await store.collections.vector_spaces(cid) == {(None, 16)}
     assert len(await index.search(cid, vector_of("a new document", 16), 10)) == len(await chunk_set(store, "c"))
 
 
