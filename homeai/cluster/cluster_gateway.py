@@ -12,7 +12,10 @@ the local engine's tokenizer), metering, the store, jobs, embeddings. ``generate
 
 So every request ends finished, rejected, timed out or failed with a reason, never lost. A class's
 ``max_queue_size`` holds across the cluster: the requests the replicas last published as queued in the
-class, summed, are held to it here before a replica's own queue is asked.
+class, summed, are held to it here before a replica's own queue is asked. As on a single box, a full queue
+does not lock the household out behind one key: a user who waits with at least two fewer requests of the
+class than the user who waits with the most is still placed (up to twice the limit in all), and the
+replica's own queue, where full, pushes out that heaviest user's newest request.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from homeai.cluster.membership import Membership
 from homeai.cluster.replica import MODEL_RETRY_AFTER_S, Refusal, ReplicaRequest, gateway_load
 from homeai.cluster.router import NoReplicaError, ReplicaLoad, Router, prompt_prefix
 from homeai.cluster.shared_fairness import SharedCounters
+from homeai.core.block_hash import BlockHash
 from homeai.core.types import SamplingParams, TokenDelta
 from homeai.engine.errors import (
     REPLICA_LOST,
@@ -68,6 +72,8 @@ class ClusterGateway(Gateway):
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (replica, served|failed) -> requests
     served_by: OrderedDict[str, str] = field(default_factory=OrderedDict)  # request id -> node, the latest ones
     remote_streams: set[Any] = field(default_factory=set)  # the replicas' answer streams open now (Ray's)
+    # class -> user -> requests placed here that have not had their first delta yet (queued somewhere)
+    waiting: dict[str, Counter[str]] = field(default_factory=dict)
 
     def start(self) -> None:
         super().start()
@@ -125,11 +131,24 @@ class ClusterGateway(Gateway):
         return self.meter.stream(sub, self._placed(req))
 
     def _check_global_queue(self, req: ReplicaRequest, loads: list[ReplicaLoad]) -> None:
+        """429 when the class's queues hold its limit across the cluster, except for a user who waits with at
+        least two fewer of its requests than the user who waits with the most (a single box's push-out rule):
+        one key that fills the class must not refuse everyone else. Twice the limit refuses everyone."""
         cp = self.policy.classes[req.class_name]
         limit = cp.queue_policy(req.priority_level or cp.default_priority_level).max_queue_size
         queued = sum(r.queued.get(req.class_name, 0) for r in loads)
         if limit and queued >= limit:
-            raise QueueFullError(FULL_RETRY_AFTER_S, req.class_name, req.priority_level or cp.default_priority_level)
+            waiting = self.waiting.get(req.class_name, Counter())
+            heaviest = max(waiting.values(), default=0)
+            if queued >= 2 * limit or heaviest < waiting[req.user] + 2:
+                raise QueueFullError(FULL_RETRY_AFTER_S, req.class_name,
+                                     req.priority_level or cp.default_priority_level)
+
+    def _count_waiting(self, req: ReplicaRequest, delta: int) -> None:
+        users = self.waiting.setdefault(req.class_name, Counter())
+        users[req.user] += delta
+        if users[req.user] <= 0:
+            del users[req.user]  # only users with a request waiting have an entry
 
     async def _placed(self, req: ReplicaRequest) -> AsyncGenerator[TokenDelta, None]:
         """The request's deltas from the replicas (``_placements``), with the front door's copy of the model
@@ -149,11 +168,27 @@ class ClusterGateway(Gateway):
     async def _placements(self, req: ReplicaRequest) -> AsyncGenerator[TokenDelta, None]:
         """The request's deltas from the replica the router picks, placed again while no token came."""
         prefix = prompt_prefix(req.model, req.prompt_ids)
+        loads = self.replica_loads()
+        self._check_global_queue(req, loads)
+        self._count_waiting(req, 1)
+        waiting = True
+        placing = self._placement_loop(req, prefix, loads)
+        try:
+            async for delta in placing:
+                if waiting:  # its first delta: no longer queued anywhere
+                    self._count_waiting(req, -1)
+                    waiting = False
+                yield delta
+        finally:
+            await placing.aclose()  # now, not at garbage collection: it closes the replica's stream (an abort)
+            if waiting:
+                self._count_waiting(req, -1)
+
+    async def _placement_loop(self, req: ReplicaRequest, prefix: list[BlockHash],
+                              loads: list[ReplicaLoad]) -> AsyncGenerator[TokenDelta, None]:
         tried: set[str] = set()
         refusal: Refusal | None = None
         failure: TokenDelta | None = None  # the error delta of a replica that failed before any token
-        loads = self.replica_loads()
-        self._check_global_queue(req, loads)
         while True:
             if self.closing is not None:  # the drain's deadline passed while it waited to be placed
                 raise ShuttingDownError(self.closing)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+from collections import Counter
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -129,6 +130,37 @@ def test_a_class_queue_limit_holds_across_the_cluster() -> None:
         run(gw)
     busy[1].queued = {"voice": 0}
     assert run(gw)[-1].finish_reason == "length"
+
+
+def test_one_user_filling_the_cluster_queue_does_not_refuse_everyone_else() -> None:
+    """As on one box (push-out): with voice's queues full of one key's requests, another member of the
+    household is still placed; the key that holds the most is refused, and at twice the limit everyone is.
+    The front door's count of waiting requests drops to nothing as each placement ends, however it ends."""
+    doc = {"classes": {"voice": {"kind": "llm", "model": "m", "priority": 0,
+                                 "default_queue_policy": {"max_queue_size": 2}}}}
+    gw = gateway({"a": [TOKENS, LOST], "b": [TOKENS, TOKENS]})
+    gw.policy_holder.swap(parse_policy(yaml.safe_dump(doc), source="test"))
+    busy = [ReplicaLoad(rid, node=rid, models=("m",), queued={"voice": 1}) for rid in ("a", "b")]
+    gw.replica_loads = lambda: list(busy)  # type: ignore[method-assign]
+    gw.waiting["voice"] = Counter(mallory=2)  # her two requests wait in those queues
+
+    def run_as(user: str) -> list[TokenDelta]:
+        req = ReplicaRequest(f"r-{user}", "m", "voice", [1, 2, 3], SamplingParams(max_tokens=3), user)
+
+        async def collect() -> list[TokenDelta]:
+            return [d async for d in gw._placed(req)]
+
+        return asyncio.run(collect())
+
+    assert run_as("bob")[-1].finish_reason == "length"
+    with pytest.raises(QueueFullError):
+        run_as("mallory")
+    assert run_as("carol")[-1].finish_reason == "length"  # "a" lost it before a token: placed on "b"
+    assert gw.waiting["voice"] == Counter(mallory=2)  # bob's and carol's placements counted and uncounted
+    busy[0].queued = busy[1].queued = {"voice": 2}  # twice the limit
+    with pytest.raises(QueueFullError):
+        run_as("bob")
+    assert gw.waiting["voice"] == Counter(mallory=2)
 
 
 def test_a_model_a_replica_cannot_load_now_moves_the_request_and_none_is_503() -> None:
