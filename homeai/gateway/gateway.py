@@ -124,9 +124,7 @@ class Gateway:
         self.loop = DeviceLoop(llm=None, batcher=self.batcher, embed=self.embed_service,
                                build_snapshot=self._build_snapshot, encoders_wanted=self._encoders_wanted)
         catalog = self.catalog()
-        self.pool = ModelPool(None, self._load_llm, self._attach, self._detach, free_engine, engine_bytes,
-                              fixed_bytes=sum((catalog.footprint_bytes(policy, n, "embedding") or 0) if catalog else 0
-                                              for n in emb_models))
+        self.pool = ModelPool(None, self._load_llm, self._attach, self._detach, free_engine, engine_bytes)
         # The device thread owns the scheduling state: a swap is posted to it, never applied from here.
         self.policy_holder.subscribe(lambda p, _v: self._follow(p))
         self.loop.start()
@@ -136,8 +134,15 @@ class Gateway:
         self.rss_at_ready_mb = process_rss_mb()
 
     def _configure_pool(self, policy: Policy, catalog: ModelCatalog | None) -> list[str]:
+        """The pool's budget, the encoders' share of it and the LLMs' estimates, for ``policy``. The encoders
+        counted are the ones it names (an encoder it no longer names leaves once the device thread applies it,
+        one it adds loads now): counted once at start, a dropped encoder's memory stayed taken and an added
+        one's was never counted."""
         assert self.pool is not None
         self.pool.budget_bytes = policy.scheduler.memory_budget_bytes(catalog.device_memory_bytes if catalog else None)
+        encoders = sorted({c.model for c in policy.classes.values() if c.kind == "embedding"})
+        self.pool.fixed_bytes = sum(catalog.footprint_bytes(policy, n, "embedding") or 0
+                                    for n in encoders) if catalog else 0
         estimates = {name: catalog.footprint_bytes(policy, name, "llm") or 0 for name in policy.llm_models()} \
             if catalog else {}
         return self.pool.configure(policy, estimates)

@@ -62,3 +62,32 @@ def test_a_new_embedding_model_loads_in_the_background_and_answers_503_meanwhile
     gateway._encoder_loads["other"].join(10)
     with pytest.raises(ModelLoadError, match="disk on fire"):
         gateway.embedder("other")
+
+
+class FootprintCatalog:
+    """What the pool's budget reads of the repository: each model's estimated bytes."""
+
+    device_memory_bytes = 8 * 2**30
+    sizes = {"all-minilm-l6-v2": 90 * 2**20, "bge-small": 130 * 2**20}
+
+    def footprint_bytes(self, policy: Policy, name: str, kind: str) -> int:
+        return self.sizes[name] if kind == "embedding" else 600 * 2**20
+
+
+def test_the_model_pool_counts_the_encoders_the_policy_names_after_a_swap() -> None:
+    """The encoders' memory was counted once, at start: a swap that moved every embedding class to another
+    encoder left the dropped one's bytes held in the LLMs' budget for good, and never counted the new one."""
+    from homeai.gateway.model_pool import ModelPool
+
+    policy = load_policy(DEFAULT_POLICY)
+    gateway = Gateway(PolicyHolder(policy))
+    gateway.pool = ModelPool(None, load=lambda name: None, attach=lambda n, e: None,  # type: ignore[arg-type,return-value]
+                             detach=lambda n: None, free=lambda e: None,  # type: ignore[arg-type,return-value]
+                             measure=lambda e: (0, 0))
+    catalog = FootprintCatalog()
+    gateway._configure_pool(policy, catalog)  # type: ignore[arg-type]
+    assert gateway.pool.fixed_bytes == 90 * 2**20
+    moved = on_encoder(on_encoder(policy, "indexing", "bge-small"), "embedding", "bge-small")
+    gateway._configure_pool(moved, catalog)  # type: ignore[arg-type]
+    assert gateway.pool.fixed_bytes == 130 * 2**20
+    assert gateway.pool.held_bytes() == 130 * 2**20  # no LLM loaded in this test: the encoder alone
