@@ -463,3 +463,60 @@ async def test_a_file_refused_for_a_model_not_pulled_applies_once_it_is(tmp_path
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_file_written_in_pieces_is_applied_whole_not_its_first_half(tmp_path: Path) -> None:
+    """An editor that truncates the file and writes it in two pieces: the first piece, cut at a line break,
+    is valid YAML without the classes after the cut, and the watcher applied it (indexing, summarize, every
+    user and alias removed; their queued requests rejected) before the whole file came."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(DEFAULT_TEXT, encoding="utf-8")
+    holder = PolicyHolder(load_policy(path), source=str(path))
+    swaps: list[list[str]] = []
+    holder.subscribe(lambda p, _v: swaps.append(sorted(p.classes)))
+    edited = DEFAULT_TEXT.replace("max_queue_size: 16", "max_queue_size: 32")
+    cut = edited.index("  # Background document indexing")
+    task = start_policy_watcher(holder, path, None, interval_s=0.02, settle_s=0.3)
+    try:
+        await asyncio.sleep(0.05)
+        with path.open("w", encoding="utf-8") as f:
+            f.write(edited[:cut])
+            f.flush()
+            await asyncio.sleep(0.15)  # a few polls see the first piece alone
+            f.write(edited[cut:])
+        await await_until(lambda: holder.current.classes["voice"].default_queue_policy.max_queue_size == 32)
+        assert swaps == [sorted(load_policy(DEFAULT_POLICY).classes)]  # one swap: the whole file
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_file_that_could_not_be_read_is_read_again_without_an_edit(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file replaced with permissions the server's account cannot read (`sudo mv` of a 0600 file) and then
+    made readable (`chmod`, which changes neither its mtime nor its size) stayed unread until the next edit."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(DEFAULT_TEXT, encoding="utf-8")
+    holder = PolicyHolder(load_policy(path), source=str(path))
+    readable = {"now": False}
+    read_text = Path.read_text
+
+    def guarded(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self == path and not readable["now"]:
+            raise PermissionError(13, "Permission denied")
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", guarded)
+    task = start_policy_watcher(holder, path, None, interval_s=0.01, retry_s=0.05, settle_s=0.02)
+    try:
+        await asyncio.sleep(0.03)
+        edit(path, DEFAULT_TEXT.replace("max_queue_size: 16", "max_queue_size: 32"))
+        await asyncio.sleep(0.2)  # seen, and could not be read
+        assert holder.current.classes["voice"].default_queue_policy.max_queue_size == 16
+        readable["now"] = True  # chmod 644: no edit
+        await await_until(lambda: holder.current.classes["voice"].default_queue_policy.max_queue_size == 32)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
