@@ -84,7 +84,7 @@ async def admit(request: Request[Any, Any, Any], gateway: Gateway, req: LLMReque
     ctx = await request_context(request, req.body_user)
     route = route_request(gateway, req.model, ctx, "llm")
     await resident(gateway, route, ctx, req.keep_alive_s)
-    engine, cp = gateway.llm(route.model), gateway.policy.classes[route.class_name]
+    engine, cp = gateway.llm(route.model), gateway.class_policy(route.class_name)
     check_num_ctx(engine, route, req.num_ctx)
     shape = answer_shape(req.tools, req.tool_choice, req.parallel_tool_calls, req.answer_format, cp.tool_choice,
                          req.user_spoke_last)

@@ -56,7 +56,7 @@ async def run_embedding(request: Request[Any, Any, Any], gateway: Gateway, route
     the vectors."""
     embedder = gateway.embedder(route.model)
     # the class's max_prompt_tokens, where it is below what the model takes (it was not applied to embeddings)
-    class_limit = gateway.policy.classes[route.class_name].max_prompt_tokens
+    class_limit = gateway.class_policy(route.class_name).max_prompt_tokens
     limit = min(class_limit, embedder.max_length) if class_limit else embedder.max_length
     texts = [x for x in inputs if isinstance(x, str)]
     if texts and len(texts) < len(inputs):

@@ -134,7 +134,7 @@ class ClusterGateway(Gateway):
         """429 when the class's queues hold its limit across the cluster, except for a user who waits with at
         least two fewer of its requests than the user who waits with the most (a single box's push-out rule):
         one key that fills the class must not refuse everyone else. Twice the limit refuses everyone."""
-        cp = self.policy.classes[req.class_name]
+        cp = self.class_policy(req.class_name)
         limit = cp.queue_policy(req.priority_level or cp.default_priority_level).max_queue_size
         queued = sum(r.queued.get(req.class_name, 0) for r in loads)
         if limit and queued >= limit:

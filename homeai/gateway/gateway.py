@@ -38,7 +38,7 @@ from homeai.gateway.footprint import build_catalog, engine_bytes, free_engine
 from homeai.gateway.metering import Meter, Submission
 from homeai.gateway.model_pool import ModelPool
 from homeai.policy.catalog import ModelCatalog
-from homeai.policy.schema import Policy
+from homeai.policy.schema import ClassPolicy, Policy
 from homeai.policy.store import PolicyHolder
 from homeai.repository.cache import default_cache_dir
 from homeai.repository.entries import EntryError, ModelEntry, load_entries
@@ -48,7 +48,7 @@ from homeai.runtime.device import choose_device, in_passing_thread, process_rss_
 from homeai.runtime.embedder import Embedder
 from homeai.scheduling.batcher import Batcher
 from homeai.scheduling.class_queue import QueueFullError
-from homeai.scheduling.class_scheduler import ClassScheduler
+from homeai.scheduling.class_scheduler import ClassScheduler, UnknownClassError
 from homeai.scheduling.model_set import ModelSet
 from homeai.scheduling.step_budget import CALIBRATION_FILE, load_step_cost
 
@@ -104,6 +104,15 @@ class Gateway:
     @property
     def policy(self) -> Policy:
         return self.policy_holder.current
+
+    def class_policy(self, class_name: str) -> ClassPolicy:
+        """The class's policy now. A request routed to a class that a policy change removed while it awaited
+        (a model's load, its tokenizer, its grammar) gets a 400 saying so; it was a 500 (KeyError)."""
+        cp = self.policy.classes.get(class_name)
+        if cp is None:
+            raise UnknownClassError(f"class {class_name!r} was removed by a policy change while the request "
+                                    "waited; send it again")
+        return cp
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -376,7 +385,7 @@ class Gateway:
 
     def apply_class_limits(self, route: Route, prompt_ids: list[int], params: SamplingParams) -> None:
         """The class's prompt limit (RequestError, 400) and output cap (``params.max_tokens`` lowered)."""
-        cp = self.policy.classes[route.class_name]
+        cp = self.class_policy(route.class_name)
         if cp.max_prompt_tokens and len(prompt_ids) > cp.max_prompt_tokens:
             raise RequestError(f"prompt has {len(prompt_ids)} tokens; class {route.class_name!r} allows "
                                f"{cp.max_prompt_tokens}")
