@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import OperationalError
 
 from homeai.jobs.gateway_embedder import GatewayTextEmbedder
 from homeai.jobs.indexer import Indexer, IndexSpec
@@ -36,6 +38,7 @@ from homeai.store.jobs import JobInfo
 from homeai.store.tables import utcnow
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _current: JobManager | None = None  # the serving process's manager, for APScheduler's stored callable
 
@@ -55,10 +58,63 @@ def aps_id(job_id: int) -> str:
     return f"homeai-job-{job_id}"
 
 
-def job_store(sync_url: str) -> SQLAlchemyJobStore:
+FIRST_RETRY_S = 1.0  # a write the locked database refused is tried again after this, then twice as long...
+STORE_RETRY_MAX_S = 30.0  # ... up to this long between two tries
+BOOKKEEPING_TRIES = 6  # a run's own state writes, tried over ~1 minute before the run gives up on them
+
+
+class PatientJobStore(SQLAlchemyJobStore):
+    """APScheduler's table, whose writes from the scheduler's own loop wait for a locked database. APScheduler
+    writes a job's next run time outside any ``try``: one "database is locked" (another writer held SQLite past
+    the 15 s busy timeout: a large delete, a backup, a CLI process) ended the scheduler's thread while
+    ``scheduler.running`` stayed True, so no schedule fired again until a restart. ``stopping`` ends the wait
+    (a shutdown joins this thread)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stopping = threading.Event()
+
+    def update_job(self, job: Any) -> None:
+        self._patiently(super().update_job, job)
+
+    def remove_job(self, job_id: str) -> None:
+        self._patiently(super().remove_job, job_id)
+
+    def _patiently(self, write: Callable[[Any], None], arg: Any) -> None:
+        delay = FIRST_RETRY_S
+        while True:
+            try:
+                write(arg)
+                return
+            except OperationalError as e:
+                if self.stopping.is_set():
+                    raise
+                log.warning("the job schedules' table is busy (%s); trying again in %.0f s", e.orig, delay)
+                if self.stopping.wait(delay):
+                    raise
+                delay = min(2 * delay, STORE_RETRY_MAX_S)
+
+
+def job_store(sync_url: str) -> PatientJobStore:
     """APScheduler's table in the same database, through a blocking driver with short timeouts."""
     connect_args = {"timeout": 15} if sync_url.startswith("sqlite") else {"connect_timeout": 2}
-    return SQLAlchemyJobStore(url=sync_url, engine_options={"connect_args": connect_args, "pool_pre_ping": True})
+    return PatientJobStore(url=sync_url, engine_options={"connect_args": connect_args, "pool_pre_ping": True})
+
+
+async def patiently(what: str, write: Callable[[], Awaitable[T]], tries: int = BOOKKEEPING_TRIES) -> T:
+    """A run's bookkeeping write, tried again while the database is locked (1, 2, 4 ... s apart): one that
+    failed left its job "running" (or "queued") until a restart, which ran it again."""
+    delay = FIRST_RETRY_S
+    for attempt in range(tries):
+        try:
+            return await write()
+        except OperationalError as e:
+            if attempt == tries - 1:
+                raise
+            log.warning("%s: the database is busy (%s); trying again in %.0f s", what, e.orig, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, STORE_RETRY_MAX_S)
+    raise AssertionError("unreachable")
 
 
 class JobManager:
@@ -70,8 +126,9 @@ class JobManager:
         self.misfire_grace_s = misfire_grace_s
         self.job_roots = job_roots  # the folders index jobs may read, checked at every run (None: any)
         self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, where runs start
+        self.job_store = job_store(store.sync_url)
         self.scheduler = BackgroundScheduler(
-            jobstores={"default": job_store(store.sync_url)},
+            jobstores={"default": self.job_store},
             job_defaults={"coalesce": True, "misfire_grace_time": misfire_grace_s, "max_instances": 1})
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._progress: dict[int, Progress] = {}
@@ -91,6 +148,7 @@ class JobManager:
         global _current
         if _current is self:
             _current = None
+        self.job_store.stopping.set()  # a write waiting for a locked table gives up: the thread can end
         if self.scheduler.running:  # joins the scheduler's thread, which may be waiting for a lock: off the loop
             await asyncio.to_thread(self.scheduler.shutdown, False)
         tasks = list(self._tasks.values())
@@ -226,6 +284,8 @@ class JobManager:
 
     def _ended(self, job_id: int, task: asyncio.Task[None]) -> None:
         self._tasks.pop(job_id, None)
+        if not task.cancelled() and task.exception() is not None:  # its bookkeeping failed for good: say so now
+            log.error("job %d: its run ended without recording its outcome", job_id, exc_info=task.exception())
         if job_id in self._relaunch:
             self._relaunch.discard(job_id)
             if not task.cancelled():  # a shutdown or a delete cancels: nothing goes on after those
@@ -237,10 +297,12 @@ class JobManager:
         if job is None or job.state == "paused" or (only_queued and job.state != "queued"):
             return
         gateway = await self._wait_gateway()
-        if not await jobs.set_state(job_id, "running", only_from=["queued", "running", "done", "failed"],
-                                    started_at=utcnow(), finished_at=None, error=None):
+        started = await patiently(f"job {job_id}", lambda: jobs.set_state(
+            job_id, "running", only_from=["queued", "running", "done", "failed"], started_at=utcnow(),
+            finished_at=None, error=None))
+        if not started:
             return  # paused (or deleted) meanwhile
-        run_id = await jobs.start_run(job_id)
+        run_id = await patiently(f"job {job_id}", lambda: jobs.start_run(job_id))
         progress = self._progress[job_id] = Progress()
         try:
             output, stopped = await self._execute(job, gateway, progress)
@@ -249,12 +311,13 @@ class JobManager:
         except Exception as e:
             log.exception("job %d (%s) failed", job_id, job.kind)
             message = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
-            await jobs.finish_run(run_id, "failed", progress.run_chunks, error=message)
-            await self._settle(job, "failed", error=message)
+            await patiently(f"job {job_id}", lambda: jobs.finish_run(run_id, "failed", progress.run_chunks,
+                                                                     error=message))
+            await patiently(f"job {job_id}", lambda: self._settle(job, "failed", error=message))
             return
         state = "paused" if stopped else "done"
-        await jobs.finish_run(run_id, state, progress.run_chunks, output=output)
-        await self._settle(job, state)
+        await patiently(f"job {job_id}", lambda: jobs.finish_run(run_id, state, progress.run_chunks, output=output))
+        await patiently(f"job {job_id}", lambda: self._settle(job, state))
 
     async def _settle(self, job: JobInfo, state: str, error: str | None = None) -> None:
         """The job's state once its run has ended ``state``, after what was done to the job meanwhile. A run

@@ -9,8 +9,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from indexing_helpers import FakeEmbedder
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from store_helpers import open_store
 from waiting import DEFAULT_TIMEOUT_S, await_until
 
@@ -325,3 +327,63 @@ async def test_a_job_keeps_its_last_runs_and_its_last_finished_one(store: Store)
     assert len(runs) == KEPT_RUNS + 1 and runs[-1].id == first  # the last finished one stays
     last = await store.jobs.last_finished_run(job.id)
     assert last is not None and last.id == first
+
+
+def locked(what: str) -> OperationalError:
+    return OperationalError(what, {}, Exception("database is locked"))
+
+
+async def test_the_scheduler_waits_for_a_locked_database_instead_of_stopping(tmp_path: Path,
+                                                                             monkeypatch: Any) -> None:
+    """APScheduler writes a job's next run time outside any ``try``: one "database is locked" past the busy
+    timeout ended its thread while ``scheduler.running`` stayed True, and no schedule fired again."""
+    monkeypatch.setattr(manager_module, "FIRST_RETRY_S", 0.01)
+    fires: list[int] = []
+    store = await open_store("sqlite", tmp_path)
+    manager = JobManager(store, lambda: None)
+    manager.launch = lambda job_id, only_queued=False: fires.append(job_id) is None  # type: ignore[method-assign]
+    refusals = {"left": 3}
+    update = SQLAlchemyJobStore.update_job
+
+    def busy_update(self: SQLAlchemyJobStore, job: Any) -> None:
+        if refusals["left"] > 0:
+            refusals["left"] -= 1
+            raise locked("UPDATE apscheduler_jobs")
+        update(self, job)
+
+    monkeypatch.setattr(SQLAlchemyJobStore, "update_job", busy_update)
+    await manager.start()
+    try:
+        job = await store.jobs.create("retention", {"days": 30}, "every 1s", "test")
+        await manager._schedule(job)
+        await await_until(lambda: len(fires) >= 3)  # fired through the three refusals, and on
+        assert refusals["left"] == 0 and manager.scheduler._thread.is_alive()  # type: ignore[attr-defined]
+    finally:
+        await manager.shutdown()
+        await store.close()
+
+
+async def test_a_run_whose_bookkeeping_meets_a_locked_database_still_ends(store: Store, monkeypatch: Any) -> None:
+    """A run's own writes (its state, its run row) raised "database is locked" out of the task: the job
+    stayed "running" until a restart, which ran it again."""
+    monkeypatch.setattr(manager_module, "FIRST_RETRY_S", 0.01)
+    finish_run = store.jobs.finish_run
+    refusals = {"left": 2}
+
+    async def busy_finish(*args: Any, **kwargs: Any) -> Any:
+        if refusals["left"] > 0:
+            refusals["left"] -= 1
+            raise locked("UPDATE job_runs")
+        return await finish_run(*args, **kwargs)
+
+    monkeypatch.setattr(store.jobs, "finish_run", busy_finish)
+    manager = JobManager(store, lambda: object())
+    await manager.start()
+    try:
+        job = await manager.add("retention", {"days": 30}, None, "test")
+        await wait_run(job.id)
+    finally:
+        await manager.shutdown()
+    found = await store.jobs.get(job.id)
+    assert found is not None and found.state == "done" and refusals["left"] == 0
+    assert [r.state for r in await store.jobs.runs(job.id)] == ["done"]
