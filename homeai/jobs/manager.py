@@ -134,6 +134,9 @@ class JobManager:
         self._progress: dict[int, Progress] = {}
         self._stop: set[int] = set()
         self._relaunch: set[int] = set()  # resumed while its run was still stopping: run again once it ends
+        # one index run per collection at a time: two (a nightly schedule and an "index now") both found a file
+        # new and both inserted it, and one failed on the unique (collection, path) key part-way
+        self._collections: dict[str, asyncio.Lock] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -352,7 +355,11 @@ class JobManager:
             embedder = await asyncio.to_thread(GatewayTextEmbedder, gateway)
             indexer = Indexer(self.store.collections, self.store.jobs, embedder, job.id, progress,
                               batch_chunks=self.batch_chunks)
-            outcome = await indexer.run(spec, should_stop=lambda: job.id in self._stop)
+            lock = self._collections.setdefault(spec.collection, asyncio.Lock())
+            if lock.locked():
+                log.info("job %d waits for another index run of collection %r to end", job.id, spec.collection)
+            async with lock:  # the second run then finds what the first committed and skips it
+                outcome = await indexer.run(spec, should_stop=lambda: job.id in self._stop)
             return outcome.summary() + "".join(f"\n{line}" for line in outcome.failed[:50]), outcome.stopped
         if job.kind == "prompt":
             prompt = await expand_prompt(job, self.store.jobs, self.store.collections)

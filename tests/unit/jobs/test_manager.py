@@ -387,3 +387,33 @@ async def test_a_run_whose_bookkeeping_meets_a_locked_database_still_ends(store:
     found = await store.jobs.get(job.id)
     assert found is not None and found.state == "done" and refusals["left"] == 0
     assert [r.state for r in await store.jobs.runs(job.id)] == ["done"]
+
+
+async def test_two_index_runs_of_one_collection_take_turns(store: Store, tmp_path: Path, monkeypatch: Any) -> None:
+    """A nightly schedule and an "index now" of the same collection ran at once: both found each file new, both
+    inserted it, and one failed on the unique (collection, path) key part-way."""
+
+    class SlowEmbedder(FakeEmbedder):
+        async def embed(self, texts: list[str]) -> Any:
+            await asyncio.sleep(0.005)  # the two runs interleave batch by batch
+            return await super().embed(texts)
+
+    monkeypatch.setattr(manager_module, "GatewayTextEmbedder", lambda gateway: SlowEmbedder())
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"f{i:02}.txt").write_text(" ".join(f"word{i}_{k}" for k in range(200)))
+    manager = JobManager(store, lambda: object(), batch_chunks=2)
+    await manager.start()
+    try:
+        first = await manager.add("index", {"path": str(folder), "collection": "c"}, None, "test")
+        second = await manager.add("index", {"path": str(folder), "collection": "c"}, None, "test")
+        await wait_run(first.id)
+        await wait_run(second.id)
+    finally:
+        await manager.shutdown()
+    for job in (first, second):
+        found = await store.jobs.get(job.id)
+        assert found is not None and found.state == "done", found.error if found else None
+    cid = await store.collections.find("c")
+    assert cid is not None and len(await store.collections.documents(cid)) == 12
