@@ -17,21 +17,40 @@ from homeai.store.request_log import prune_request_log
 
 PROMPT_USER = "jobs"  # not in the policy: the default user's share and classes
 NEW_DOCUMENTS = "{new_documents}"
+NEW_DOCUMENTS_CHARS = 4000  # the list's share of a digest's prompt (~1,000 tokens), whatever the collection holds
 MAX_QUEUE_RETRIES = 60
 MAX_LOST_REPLICAS = 3  # a prompt job asks again this often when its node leaves mid-answer
 
 
 async def expand_prompt(job: JobInfo, jobs: Jobs, collections: Collections) -> str:
     """``{new_documents}`` in the prompt becomes the paths committed to the job's collection since its
-    last successful run (a morning digest)."""
+    last successful run, or since the job was made (a morning digest), at most NEW_DOCUMENTS_CHARS of them.
+    Every path of the collection went in before a first success: a collection of thousands made a prompt
+    longer than the model's context, the run failed, the next had the same list, and the job never
+    succeeded again."""
     prompt = str(job.spec["prompt"])
     name = job.spec.get("collection")
     if NEW_DOCUMENTS not in prompt or not name:
         return prompt
     cid = await collections.find(str(name))
     last = await jobs.last_finished_run(job.id)
-    paths = await collections.documents_since(cid, last.started_at if last else None) if cid else []
-    return prompt.replace(NEW_DOCUMENTS, "\n".join(paths) or "(no new documents)")
+    paths = await collections.documents_since(cid, last.started_at if last else job.created_at) if cid else []
+    return prompt.replace(NEW_DOCUMENTS, path_listing(paths))
+
+
+def path_listing(paths: list[str], max_chars: int = NEW_DOCUMENTS_CHARS) -> str:
+    """The paths one per line, as many as ``max_chars`` holds (at least one), then how many more there are."""
+    if not paths:
+        return "(no new documents)"
+    lines: list[str] = []
+    used = 0
+    for path in paths:
+        if lines and used + len(path) + 1 > max_chars:
+            break
+        lines.append(path)
+        used += len(path) + 1
+    more = len(paths) - len(lines)
+    return "\n".join(lines) + (f"\n(and {more} more)" if more else "")
 
 
 async def run_prompt(gateway: Any, job: JobInfo, prompt: str) -> str:
