@@ -176,7 +176,7 @@ class GatewayClient:
                             yield Connection(True, "live")
                         yield doc
                 reason = "the server closed the stream"
-            except (httpx.TransportError, ApiError, ValueError) as e:
+            except (httpx.HTTPError, ApiError, ValueError) as e:  # a bad body too (DecodingError): the app stays
                 reason = _describe(e)
             yield Connection(False, reason, delay_s)
             await asyncio.sleep(delay_s)
@@ -248,6 +248,8 @@ def _describe(e: Exception) -> str:
         return "no data (timed out)"
     if isinstance(e, httpx.TransportError):
         return f"connection lost ({type(e).__name__})"
+    if isinstance(e, httpx.DecodingError):
+        return f"bad data from the server ({e})"
     if isinstance(e, ApiError):
         return f"HTTP {e.status}: {e.message}"
     return f"bad data from the server ({e})"

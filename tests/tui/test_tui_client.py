@@ -22,7 +22,7 @@ from tui_helpers import ReplayClient
 from waiting import await_until
 
 from tui.app import MonitorApp
-from tui.client import ApiError, GatewayClient, JobsUnavailable, SseParser
+from tui.client import ApiError, Connection, GatewayClient, JobsUnavailable, SseParser
 from tui.documents import JobView, StatsDoc, convert
 from tui.history import StatsHistory
 from tui.screens.jobs import job_line, job_pace
@@ -157,6 +157,20 @@ async def test_stats_feed_shows_disconnected_and_reconnects_by_itself(
         stop.set()
         await until(lambda: not app.connection.connected)
         assert "disconnected" in str(line.render())
+
+
+async def test_a_stats_body_that_cannot_be_decoded_is_a_disconnection_not_a_crash() -> None:
+    """httpx's DecodingError is no TransportError: a proxy that sent a gzip header over a plain body ended the
+    stats worker, and the whole app with it."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"},
+                              content=b"not gzip at all")
+
+    client = GatewayClient("http://x", transport=httpx.MockTransport(answer))
+    events = client.stats_events()
+    first = await anext(events)
+    await events.aclose()
+    assert isinstance(first, Connection) and not first.connected and "bad data" in first.detail
 
 
 class FakeJobsApi:
