@@ -27,6 +27,7 @@ from homeai.api.settings import (
     default_data_dir,
 )
 from homeai.cli import arg_types
+from homeai.cli.data_dir_lock import DataDirTakenError, hold_data_dir
 
 
 def add_serve_command(subparsers: Any) -> None:
@@ -90,6 +91,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
         return 1
+    try:  # so does a data dir another server uses (held until this process ends)
+        data_dir_lock = hold_data_dir(Path(settings.data_dir))
+    except DataDirTakenError as exc:
+        sock.close()
+        print(f"error: {exc}")
+        return 1
+    except OSError as exc:
+        sock.close()
+        print(f"error: cannot prepare the data dir {settings.data_dir}: {exc.strerror or exc}")
+        return 1
     try:
         app = create_app(settings)
     except PolicyError as exc:
@@ -114,6 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s + DRAIN_GRACE_S),
                             **server_limits())
     DrainingServer(config).run(sockets=[sock])
+    os.close(data_dir_lock)
     return 0
 
 
