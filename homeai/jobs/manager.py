@@ -174,7 +174,7 @@ class JobManager:
                 log.info("resuming job %d (%s)", job.id, job.kind)
                 self.launch(job.id)
 
-    async def _missed(self, job: JobInfo, why: str) -> None:
+    async def _missed(self, job: JobInfo, why: str, while_: str = "the server was not running") -> None:
         """A one-time job whose time passed before it ran (it fired while the models were still loading and
         the server stopped, or the server was down then): it runs now if that was within the misfire grace,
         as a missed schedule does, else it fails saying so. It stayed "queued" for good before."""
@@ -187,7 +187,7 @@ class JobManager:
                 return
         log.warning("job %d: schedule %r not restored: %s", job.id, job.schedule, why)
         await self.store.jobs.set_state(job.id, "failed", only_from=["queued"], finished_at=utcnow(),
-                                        error=f"its time ({job.schedule}) passed while the server was not running")
+                                        error=f"its time ({job.schedule}) passed while {while_}")
 
     # ---- commands --------------------------------------------------------------------------------
     async def add(self, kind: str, spec: dict[str, Any], schedule: str | None, created_by: str) -> JobInfo:
@@ -227,14 +227,18 @@ class JobManager:
             return False
         self._stop.discard(job_id)
         await self.store.jobs.set_state(job_id, "queued", only_from=["paused"])
+        when = one_time(job.schedule) if job.schedule else None
+        passed = when is not None and when <= datetime.now(UTC)  # APScheduler would drop it as missed
         if job.schedule:
-            await self._aps(self.scheduler.resume_job, job_id)
+            await self._aps(self.scheduler.remove_job if passed else self.scheduler.resume_job, job_id)
         if job_id in self._tasks:  # its run has not ended yet (it was stopping): it goes on after that
             self._relaunch.add(job_id)
             return True
         runs = await self.store.jobs.runs(job_id, limit=1)
         if not job.schedule or (runs and runs[0].state in ("paused", "interrupted")):
             self.launch(job_id)
+        elif passed:  # paused past its time: it runs now within the misfire grace, else fails saying so (it
+            await self._missed(job, "its time passed while it was paused", "it was paused")  # stayed "queued")
         return True
 
     async def delete(self, job_id: int) -> bool:

@@ -417,3 +417,35 @@ async def test_two_index_runs_of_one_collection_take_turns(store: Store, tmp_pat
         assert found is not None and found.state == "done", found.error if found else None
     cid = await store.collections.find("c")
     assert cid is not None and len(await store.collections.documents(cid)) == 12
+
+
+async def test_a_one_time_job_resumed_after_its_time_runs_or_says_why(store: Store) -> None:
+    """Paused before its date and resumed after it: APScheduler dropped the resumed date job as missed, and the
+    job stayed "queued" with no next run for good. Within the misfire grace it runs now; later it fails."""
+    manager = JobManager(store, lambda: object(), misfire_grace_s=60)
+    await manager.start()
+    try:
+        soon = (datetime.now() + timedelta(seconds=1)).isoformat(timespec="seconds")
+        job = await manager.add("retention", {"days": 30}, soon, "test")
+        assert await manager.pause(job.id)
+        await asyncio.sleep(2.2)  # its time passes while it is paused
+        assert await manager.resume(job.id)
+        await wait_run(job.id)
+        ran = await store.jobs.get(job.id)
+        assert ran is not None and ran.state == "done"
+
+    finally:
+        await manager.shutdown()
+    manager = JobManager(store, lambda: object(), misfire_grace_s=1)
+    await manager.start()
+    try:
+        soon = (datetime.now() + timedelta(seconds=1)).isoformat(timespec="seconds")
+        late = await manager.add("retention", {"days": 30}, soon, "test")
+        assert await manager.pause(late.id)
+        await asyncio.sleep(3.2)  # past its time by more than the grace
+        assert await manager.resume(late.id)
+        await asyncio.sleep(0.5)  # APScheduler's look at the resumed job
+        failed = await store.jobs.get(late.id)
+        assert failed is not None and failed.state == "failed" and "passed while it was paused" in (failed.error or "")
+    finally:
+        await manager.shutdown()
