@@ -137,6 +137,7 @@ class GatewayClient:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport,
                                       timeout=httpx.Timeout(10.0, read=STATS_STALL_S))
+        self.policy_etag: str | None = None  # the running policy's version when the editor loaded it
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -184,12 +185,20 @@ class GatewayClient:
 
     # ---- policy ----------------------------------------------------------------------------------
     async def get_policy(self) -> str:
-        return (await self._request("GET", "/admin/policy")).text
+        """The running policy's text; its version (the ETag) is kept for the next ``put_policy``."""
+        response = await self._request("GET", "/admin/policy")
+        self.policy_etag = response.headers.get("ETag")
+        return response.text
 
     async def put_policy(self, text: str) -> PolicyApplied:
-        """Validate and apply; raises ApiError (422 with ``errors`` at key paths and lines) when invalid."""
-        response = await self._request("PUT", "/admin/policy", content=text.encode("utf-8"),
-                                       headers={"Content-Type": "application/yaml"})
+        """Validate and apply; raises ApiError (422 with ``errors`` at key paths and lines) when invalid, and
+        (412) when the running policy changed since ``get_policy`` read it (a file edit, another admin): an
+        apply of the older text would have silently undone that change."""
+        headers = {"Content-Type": "application/yaml"}
+        if self.policy_etag:
+            headers["If-Match"] = self.policy_etag
+        response = await self._request("PUT", "/admin/policy", content=text.encode("utf-8"), headers=headers)
+        self.policy_etag = response.headers.get("ETag", self.policy_etag)
         return read(response, PolicyApplied)
 
     async def validate_policy(self, text: str) -> PolicyCheck | None:

@@ -24,7 +24,14 @@ from litestar.params import Parameter
 
 from homeai.api.auth import ADMIN, require_admin, resolve_caller
 from homeai.api.errors import ApiError, BadRequest, NotFound, ServiceUnavailable, Unprocessable
-from homeai.api.policy_apply import Applied, apply_policy_text, check_policy_text, record_running_policy, running_text
+from homeai.api.policy_apply import (
+    Applied,
+    StalePolicyError,
+    apply_policy_text,
+    check_policy_text,
+    record_running_policy,
+    running_text,
+)
 from homeai.api.services import Injected
 from homeai.policy.loader import PolicyError
 from homeai.policy.store import PolicyHolder
@@ -61,7 +68,22 @@ def _applied_body(applied: Applied, holder: PolicyHolder) -> dict[str, Any]:
 
 @get("/policy", media_type=YAML_MEDIA_TYPE, summary="The running policy (YAML)")
 async def get_policy(policy_holder: Injected[PolicyHolder]) -> Response[str]:
-    return Response(running_text(policy_holder), media_type=YAML_MEDIA_TYPE)
+    """With its swap version as the ETag: a PUT that sends it back as ``If-Match`` is refused (412) when another
+    change (the file, another admin) came in between, instead of silently undoing it."""
+    return Response(running_text(policy_holder), media_type=YAML_MEDIA_TYPE,
+                    headers={"ETag": f'"{policy_holder.version}"'})
+
+
+def _based_on(request: Request[Any, Any, Any]) -> int | None:
+    """The swap version ``If-Match`` names (None: none sent, or ``*``)."""
+    value = request.headers.get("if-match")
+    if value is None or value.strip() == "*":
+        return None
+    tag = value.strip().removeprefix("W/").strip('"')
+    if not tag.isdigit():
+        raise BadRequest("If-Match must be the ETag GET /admin/policy answered (the running policy's swap "
+                         "version)", param="If-Match")
+    return int(tag)
 
 
 @put("/policy", summary="Validate and apply a policy (YAML body)", status_code=200,
@@ -71,13 +93,17 @@ async def put_policy(request: Request[Any, Any, Any], policy_holder: Injected[Po
     text = await _yaml_text(request)
     if text is None:
         raise BadRequest("the policy must be UTF-8 YAML text")
+    based_on = _based_on(request)
     caller = await resolve_caller(request)
     try:
         applied = await apply_policy_text(policy_holder, store, text, caller.user, note="PUT /admin/policy",
-                                          source="PUT /admin/policy", persist_to=policy_path)
+                                          source="PUT /admin/policy", persist_to=policy_path, based_on=based_on)
     except PolicyError as e:
         raise policy_refused(e) from None
-    return Response(_applied_body(applied, policy_holder))
+    except StalePolicyError as e:
+        raise ApiError(str(e), status_code=412, code="policy_changed",
+                       headers={"ETag": f'"{e.running}"'}) from None
+    return Response(_applied_body(applied, policy_holder), headers={"ETag": f'"{policy_holder.version}"'})
 
 
 @post("/policy/validate", summary="Validate a policy without applying it (YAML body)", status_code=200,

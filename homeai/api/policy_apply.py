@@ -129,18 +129,32 @@ def check_policy_text(holder: PolicyHolder, text: str, source: str = "<admin>") 
     return Checked(policy, text != running_text(holder), diff_policies(holder.current, policy))
 
 
+class StalePolicyError(RuntimeError):
+    """The edit was made on a policy that is no longer the running one (HTTP 412)."""
+
+    def __init__(self, based_on: int, running: int) -> None:
+        super().__init__(f"the running policy changed since it was read (swap {running}, the edit was made on "
+                         f"swap {based_on}): load it again and apply the change to it")
+        self.running = running
+
+
 async def apply_policy_text(holder: PolicyHolder, store: Store | None, text: str, applied_by: str,
                             note: str = "", source: str = "<admin>", swap_source: str | None = None,
-                            persist_to: Path | None = None, read_from: Path | None = None) -> Applied:
+                            persist_to: Path | None = None, read_from: Path | None = None,
+                            based_on: int | None = None) -> Applied:
     """Validate ``text`` (PolicyError with key paths if invalid: nothing changes), swap it in and
     record it; with ``persist_to``, also write it there (atomically) so that a restart keeps it.
     Text identical to the running one is a no-op, unless ``persist_to`` holds something else (then it is
     applied again and written: the way out of a fallback); a comment-only edit is applied (its text becomes
     the running text) with an empty diff. ``read_from``: the file ``text`` was read from (the
     watcher's reload), applied only if the file still holds it once the lock is ours: an admin apply
-    writes the file under the same lock, so a read from before that write is stale and must not undo it."""
+    writes the file under the same lock, so a read from before that write is stale and must not undo it.
+    ``based_on``: the swap version the edit was made on (an ``If-Match``); StalePolicyError if another change
+    came since, which the edit would silently undo."""
     policy = parse_policy(text, source, repository_models(holder))
     async with policy_lock(holder):
+        if based_on is not None and based_on != holder.version:
+            raise StalePolicyError(based_on, holder.version)
         stale_read = read_from is not None and _read_or_none(read_from) != text
         # The running text again, where the file holds something else (a server on its fallback after an
         # invalid file, a refused edit): applied and written, so the file is whole and the fallback over.

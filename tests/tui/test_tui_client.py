@@ -173,6 +173,24 @@ async def test_a_stats_body_that_cannot_be_decoded_is_a_disconnection_not_a_cras
     assert isinstance(first, Connection) and not first.connected and "bad data" in first.detail
 
 
+async def test_the_policy_editor_applies_on_the_version_it_loaded() -> None:
+    """Ctrl+S sends back the version the editor loaded (If-Match), so a change made in between (a file edit,
+    another admin) is a 412 instead of being silently undone; after an apply the next one is based on it."""
+    seen: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, text="classes: {}\n", headers={"ETag": '"5"'})
+        seen.append(request.headers.get("If-Match"))
+        return httpx.Response(200, json={"changed": True, "diff": [], "swap_version": 6}, headers={"ETag": '"6"'})
+
+    client = GatewayClient("http://x", transport=httpx.MockTransport(answer))
+    await client.get_policy()
+    await client.put_policy("classes: {}\n")
+    await client.put_policy("classes: {}\n")
+    assert seen == ['"5"', '"6"']
+
+
 class FakeJobsApi:
     """/v1/jobs in memory, answering the server's documents (``job_doc``)."""
 

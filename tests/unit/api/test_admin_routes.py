@@ -520,3 +520,30 @@ async def test_a_file_that_could_not_be_read_is_read_again_without_an_edit(tmp_p
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_put_made_on_an_older_policy_is_refused_not_undoing_the_change_between(
+        holder: PolicyHolder, store: Store, policy_file: Path) -> None:
+    """The TUI loaded the policy, the file was edited (or another admin applied), then Ctrl+S put the TUI's
+    older text: the edit in between was silently undone and the file overwritten. With the ETag GET gave as
+    If-Match, that PUT is a 412 and nothing changes."""
+    app = make_app(holder, store, policy_path=policy_file)
+    async with AsyncTestClient(app=app) as client:
+        loaded = await client.get("/admin/policy")
+        etag = loaded.headers["ETag"]
+        assert etag == '"1"'
+        file_edit = with_change("max_queue_size: 16", "max_queue_size: 32")
+        edit(policy_file, file_edit)
+        assert await check_policy_file(holder, policy_file, store) is True  # the watcher applied it: swap 2
+        r = await client.put("/admin/policy", content=CHAT_BATCH_32, headers={"If-Match": etag})
+        assert r.status_code == 412 and r.json()["error"]["code"] == "policy_changed" and r.headers["ETag"] == '"2"'
+        assert "changed since it was read" in r.json()["error"]["message"]
+        assert policy_file.read_text(encoding="utf-8") == file_edit and holder.version == 2
+        r = await client.put("/admin/policy", content=CHAT_BATCH_32, headers={"If-Match": "W/\"nope\""})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "If-Match"
+        fresh = await client.get("/admin/policy")
+        r = await client.put("/admin/policy", content=with_change("max_batch_size: 16", "max_batch_size: 32")
+                             .replace("max_queue_size: 16", "max_queue_size: 32"),
+                             headers={"If-Match": fresh.headers["ETag"]})
+        assert r.status_code == 200 and r.headers["ETag"] == '"3"'
+        assert holder.current.classes["voice"].default_queue_policy.max_queue_size == 32  # the file's edit kept
