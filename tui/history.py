@@ -34,11 +34,16 @@ class StatsHistory:
         for name, entry in doc.classes.items():
             series = self.ttft.setdefault(name, deque(maxlen=self.max_samples))
             series.append((t, entry.ttft_p50_ms, entry.ttft_p99_ms))
-            _trim(series, self.now_s - self.span_s)
         for user, rate in doc.users.items():
             rates = self.user_rate.setdefault(user, deque(maxlen=self.max_samples))
             rates.append((t, rate.tokens_per_s_10s))
-            _trim(rates, self.now_s - self.span_s)
+        # every series ages, not only those in this document: a person the server no longer reports (after a
+        # restart) kept their old peak, which set the scale of everyone's sparkline
+        for series_of in (self.ttft, self.user_rate):
+            for key in list(series_of):
+                _trim(series_of[key], self.now_s - self.span_s)
+                if not series_of[key]:
+                    del series_of[key]
 
     def ttft_buckets(self, class_name: str, num_buckets: int, span_s: float = 180.0,
                      which: int = 2) -> list[float | None]:

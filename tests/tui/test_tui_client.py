@@ -25,6 +25,7 @@ from tui.app import MonitorApp
 from tui.client import ApiError, Connection, GatewayClient, JobsUnavailable, SseParser
 from tui.documents import JobView, StatsDoc, convert
 from tui.history import StatsHistory
+from tui.screens.dashboard import chart_classes
 from tui.screens.jobs import job_line, job_pace
 from tui.widgets import StatusLine, chart_rows
 
@@ -75,6 +76,21 @@ def test_chart_marks_misses_and_history_buckets_by_server_time() -> None:
     assert history.ttft_buckets("voice", 3, span_s=180.0) == [50.0, None, 80.0]
     assert history.rate_buckets("kids", 3, span_s=180.0) == [5.0, 0.0, 8.0]
     assert history.peak_rate() == 8.0
+
+
+def test_people_and_classes_the_server_no_longer_reports_leave_the_history_and_charts() -> None:
+    """After a server restart a person missing from the new documents kept their old samples, so their old
+    peak set every sparkline's scale; a class renamed away (still reported, without a priority, while its
+    figures last) kept its chart and the new class got none."""
+    history = StatsHistory()
+    history.add(convert({"time": 1000.0, "users": {"alice": {"tokens_per_s_10s": 250.0},
+                                                   "bob": {"tokens_per_s_10s": 5.0}}}, StatsDoc))
+    for t in (1200.0, 1600.0):  # the restarted server reports bob alone
+        history.add(convert({"time": t, "users": {"bob": {"tokens_per_s_10s": 5.0}}}, StatsDoc))
+    assert "alice" not in history.user_rate and history.peak_rate() == 5.0
+    doc = convert({"time": 1.0, "classes": {"chat": {"kind": "llm"},
+                                           "assistant": {"kind": "llm", "priority": 1}}}, StatsDoc)
+    assert chart_classes(doc.classes) == ["assistant"]
 
 
 def job_doc(jid: int, state: str = "running", **spec: object) -> dict[str, object]:

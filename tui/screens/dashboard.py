@@ -35,10 +35,12 @@ def class_order(entry: ClassStats) -> int:
 
 
 def chart_classes(classes: dict[str, ClassStats]) -> list[str]:
-    """voice and chat when the policy has them, else the two most important interactive LLM classes."""
-    preferred = [c for c in ("voice", "chat") if c in classes]
-    rest = sorted((c for c, e in classes.items() if c not in preferred and e.kind == "llm" and not e.background),
-                  key=lambda c: (class_order(classes[c]), c))
+    """voice and chat when the policy has them, else the two most important interactive LLM classes. A class
+    without a priority is no longer in the policy (the server reports it while its figures last): not charted."""
+    current = {c: e for c, e in classes.items() if e.priority is not None}
+    preferred = [c for c in ("voice", "chat") if c in current]
+    rest = sorted((c for c, e in current.items() if c not in preferred and e.kind == "llm" and not e.background),
+                  key=lambda c: (class_order(current[c]), c))
     return (preferred + rest)[:2]
 
 
@@ -224,6 +226,8 @@ class DashboardScreen(StatsScreen):
     def _show_people(self, users: dict[str, UserStats], history: StatsHistory) -> None:
         box = self.query_one("#people", Vertical)
         rows = {row.user: row for row in box.query(PersonRow)}
+        for user in rows.keys() - users.keys():  # no longer reported (a server restart): their row goes
+            rows.pop(user).remove()
         new = sorted(users.keys() - rows.keys())
         for user in new:
             rows[user] = PersonRow(user)
