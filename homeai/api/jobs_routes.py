@@ -135,7 +135,7 @@ async def search(request: Request[Any, Any, Any], data: JSONBody[SearchRequest],
     collection_id = (await searchable(request, services.store, data.collection.strip())).id  # 404 unless it may
     gateway = started_gateway(services)
     ctx = await request_context(request)
-    ctx.class_name = _search_class(gateway, ctx.class_name)
+    ctx.class_name = _search_class(gateway, ctx.class_name or ctx.key_class)
     route = route_request(gateway, None, ctx, "embedding")
     result = await run_embedding(request, gateway, route, [data.query], ctx)
     try:

@@ -35,6 +35,11 @@ class RequestContext:
     class_name: str | None
     priority_level: int | None
     timeout_us: int | None
+    # the API key's default class: where no header names one, it routes the requests of its kind (LLM or
+    # embedding); one a policy change removed (or of the other kind) routes nothing, so the alias and the
+    # user's default decide. Merged into ``class_name``, a removed one failed every request of the key with
+    # "unknown class" naming a header the client never sent, and an LLM key's /v1/embeddings too.
+    key_class: str | None = None
 
 
 MAX_USER_CHARS = 64  # of a user name a keyless request gives (a Home Assistant conversation id is 26)
@@ -57,9 +62,10 @@ async def request_context(request: Request[Any, Any, Any], body_user: str | None
         # cut: a name is a key of fairness counters and metrics labels, and a body's ``user`` may be megabytes
         user = (request.headers.get(HEADER_USER) or body_user or ANONYMOUS)[:MAX_USER_CHARS]
     timeout_ms = _int_header(request, HEADER_TIMEOUT_MS)
-    return RequestContext(user=user, class_name=request.headers.get(HEADER_CLASS) or key_class,
+    return RequestContext(user=user, class_name=request.headers.get(HEADER_CLASS) or None,
                           priority_level=_int_header(request, HEADER_PRIORITY),
-                          timeout_us=timeout_ms * 1000 if timeout_ms and timeout_ms > 0 else None)
+                          timeout_us=timeout_ms * 1000 if timeout_ms and timeout_ms > 0 else None,
+                          key_class=key_class)
 
 
 def normalize_model(model: str | None) -> str | None:
@@ -67,6 +73,12 @@ def normalize_model(model: str | None) -> str | None:
     if model and model.endswith(":latest"):
         return model[: -len(":latest")]
     return model or None
+
+
+def key_class_for(gateway: Gateway, key_class: str | None, kind: str) -> str | None:
+    """The key's default class where the policy has it for requests of ``kind``, else None."""
+    cp = gateway.policy.classes.get(key_class) if key_class else None
+    return key_class if cp is not None and cp.kind == kind else None
 
 
 def route_request(gateway: Gateway, model: str | None, ctx: RequestContext, kind: str) -> Route:
@@ -77,9 +89,10 @@ def route_request(gateway: Gateway, model: str | None, ctx: RequestContext, kind
         raise BadRequest(f"model {model!r} is an LLM, not an embedding model", param="model")
     if model in gateway.embedders and kind != "embedding":
         raise BadRequest(f"model {model!r} is an embedding model, not an LLM", param="model")
+    class_name = ctx.class_name or key_class_for(gateway, ctx.key_class, kind)
     try:
-        route = gateway.route(model, ctx.class_name, kind, ctx.user)
-    except RequestError as exc:  # the class: the header's (or the key's) when one was given, else the model's
+        route = gateway.route(model, class_name, kind, ctx.user)
+    except RequestError as exc:  # the class: the header's when one was given, else the model's
         raise BadRequest(str(exc), param=HEADER_CLASS.lower() if ctx.class_name else "model") from None
     check_priority(gateway, route, ctx.priority_level)
     return route
