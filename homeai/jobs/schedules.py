@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
@@ -82,6 +82,22 @@ def _day(token: str, end: bool = False) -> int:
     return 7 if end and number == 0 else number
 
 
+class WallClockCron(CronTrigger):
+    """A cron schedule that fires once per wall-clock time: when daylight saving time ends and the clock goes
+    back an hour, the times it shows again ("30 1 * * *": 01:30 summer time, then 01:30 winter time) do not
+    fire it again (a digest sent twice, a retention run twice). Pickled into the job store as APScheduler's own."""
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        nxt = super().get_next_fire_time(previous_fire_time, now)
+        if previous_fire_time is None:
+            return nxt
+        shown, at = previous_fire_time.replace(tzinfo=None), previous_fire_time.timestamp()
+        # (aware times of one zone compare by wall clock: the instants tell a repeated time from the same one)
+        while nxt is not None and nxt.replace(tzinfo=None) <= shown and nxt.timestamp() > at:
+            nxt = super().get_next_fire_time(nxt, nxt.astimezone(UTC) + timedelta(seconds=1))
+        return nxt
+
+
 def _parse(value: str) -> BaseTrigger:
     match = _INTERVAL.match(value)
     if match:
@@ -101,7 +117,7 @@ def _parse(value: str) -> BaseTrigger:
     if len(fields) == 5:
         try:
             fields[4] = cron_weekdays(fields[4])
-            return CronTrigger.from_crontab(" ".join(fields))
+            return WallClockCron.from_crontab(" ".join(fields))
         except ValueError as e:
             raise ValueError(f"not a valid cron expression: {e}") from e
     raise ValueError("expected a cron expression ('0 7 * * *'), an interval ('every 15m') or an ISO time")

@@ -4,7 +4,7 @@ Saturday and "* * * * 0" on Mondays until the field was translated."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from apscheduler.triggers.cron import CronTrigger
@@ -56,3 +56,26 @@ def test_cron_weekdays_count_from_sunday(weekday: str, days: list[str]) -> None:
 def test_weekday_forms_cron_does_not_have_are_refused_not_read_in_part(weekday: str) -> None:
     with pytest.raises(ValueError, match="weekday"):
         parse_schedule(f"0 7 * * {weekday}")
+
+
+def test_a_cron_schedule_fires_once_per_wall_clock_time_when_the_clock_goes_back() -> None:
+    """When daylight saving time ends, "30 1 * * *" fired at 01:30 summer time and again at 01:30 winter time
+    (a digest sent twice); cron runs it once."""
+    from zoneinfo import ZoneInfo
+
+    from homeai.jobs.schedules import WallClockCron
+
+    tz = ZoneInfo("America/New_York")
+
+    def fires(expr: str) -> list[str]:
+        trigger = WallClockCron.from_crontab(expr, timezone=tz)
+        t, out = trigger.get_next_fire_time(None, datetime(2026, 11, 1, 4, tzinfo=UTC)), []
+        while t is not None and t < datetime(2026, 11, 2, 4, tzinfo=tz):
+            out.append(t.strftime("%d %H:%M%z"))
+            t = trigger.get_next_fire_time(t, t.astimezone(UTC))
+        return out
+
+    assert fires("30 1 * * *") == ["01 01:30-0400", "02 01:30-0500"]
+    assert fires("*/30 1 * * *") == ["01 01:00-0400", "01 01:30-0400", "02 01:00-0500", "02 01:30-0500"]
+    assert fires("0 7 * * *") == ["01 07:00-0500"]
+    assert isinstance(parse_schedule("30 1 * * *"), WallClockCron)
