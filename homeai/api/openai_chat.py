@@ -47,6 +47,11 @@ def chat_request(data: ChatCompletionRequest) -> LLMRequest:
         fields=PromptFields("messages", limit))
 
 
+# OpenAI's legacy completions (and vLLM's) stop at 16 tokens when max_tokens is unset; a client written for
+# them got up to the class's max_output_tokens (1,024 in chat) here, and waited that much longer.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
 def completion_request(data: CompletionRequest) -> LLMRequest:
     """A string, [string], or token ids (one prompt: n=1)."""
     raw = data.prompt
@@ -56,7 +61,8 @@ def completion_request(data: CompletionRequest) -> LLMRequest:
         raise BadRequest("suffix (fill in the middle) is not supported", param="suffix")
     if data.best_of not in (None, 1):
         raise BadRequest("only best_of=1 is supported", param="best_of")
-    req = LLMRequest(data.model, "completion", sampling_params(data), data.max_tokens, logprobs=data.logprobs,
+    max_tokens = data.max_tokens if data.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    req = LLMRequest(data.model, "completion", sampling_params(data), max_tokens, logprobs=data.logprobs,
                      body_user=data.user, fields=PromptFields("prompt", "max_tokens"))
     if isinstance(raw, str):
         req.text = raw

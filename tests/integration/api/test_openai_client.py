@@ -64,6 +64,10 @@ def test_completions(client: OpenAI) -> None:
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model=LLM, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True) if c.choices)
     assert streamed == done.choices[0].text
+    # no max_tokens: 16, as OpenAI's legacy completions and vLLM (it ran to the class's 1,024 here)
+    unset = client.completions.create(model=LLM, prompt="Once upon a time, in a small village,", temperature=0,
+                                      extra_headers={"X-HomeAI-Class": "long"}, extra_body={"ignore_eos": True})
+    assert unset.usage.completion_tokens == 16 and unset.choices[0].finish_reason == "length"
 
 
 def test_responses(client: OpenAI) -> None:
