@@ -95,7 +95,13 @@ class ModelRunner:
             for p in range(chunk.start, end):
                 pos.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
-            if chunk.num_tokens == 1:
+            # A prompt's last token alone (the rest found in the prefix cache) goes the prompt's way where the
+            # prefill kernel serves: computed by the decode kernel instead (float32 over the cache, where a
+            # quantized model's prompts attend in bfloat16 pairs), the same greedy request answered
+            # differently once its prompt was cached. Each prompt row's result is its own, however the
+            # prompt was chunked, so a cached prompt now gives the cold one's logits exactly.
+            prompt_tail = prefill_kernel and chunk.start < seq.num_prompt_tokens and end <= (limit or end)
+            if chunk.num_tokens == 1 and not prompt_tail:
                 decode_rows.append(offset)
                 decode_tables.append(table)
                 decode_lens.append(end)

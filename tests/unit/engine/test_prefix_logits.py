@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
+from conftest import build_tiny_engine
 from engine_helpers import assert_engine_empty
+from llama_helpers import random_llama_weights
 
 from homeai.core.types import SamplingParams, StepPlan
 from homeai.engine.llm_engine import LLMEngine
+from homeai.runtime.llama import LlamaModel
+from homeai.runtime.llama_config import LlamaConfig
 
 LOGITS_ATOL = 1e-3
 BS = 4
@@ -170,3 +175,28 @@ def test_a_preempted_sequence_re_hits_the_cache_when_it_resumes(make_engine) -> 
     for name, prompt in prompts.items():
         assert_same_logits(rec.logits[name], cold_logits(make_engine, prompt, 20))
     assert_engine_empty(rec.engine)
+
+
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_a_prompt_cached_whole_answers_exactly_as_cold_where_the_prefill_kernel_serves(quantization: str) -> None:
+    """A prompt found whole in the prefix cache computes its last token alone. That token went through the
+    decode kernel (float32 over the cache) where a quantized model's prompts attend in bfloat16 pairs: the
+    same greedy request answered differently once its prompt was cached (SmolLM2 int4: logits 0.83 apart).
+    It now goes the prompt's way, whose rows do not depend on the chunking: the logits are the same bits."""
+    cfg = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2,
+                      num_kv_heads=1, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True)
+    model = LlamaModel(cfg, random_llama_weights(cfg, seed=3), torch.device("cpu"), torch.float32, quantization)
+    if model.prefill_attention is None:
+        pytest.skip("no native prefill kernel on this CPU: prompt tails keep the decode kernel")
+    prompt = tokens(11, 37)
+    cold = Recorder(build_tiny_engine(model, num_blocks=64, block_size=BS))
+    cold.add("cold", prompt, 6)
+    cold.run()
+    warm = Recorder(build_tiny_engine(model, num_blocks=64, block_size=BS, prefix_caching=True))
+    for name in ("first", "again"):
+        warm.add(name, prompt, 6)
+        warm.run()
+    assert sum(c.num_tokens for p in warm.plans for c in p.chunks if c.start < len(prompt)) == len(prompt) + 1
+    for w, c in zip(warm.logits["again"], cold.logits["cold"], strict=True):
+        assert torch.equal(w, c)
+    assert_engine_empty(warm.engine)
