@@ -110,9 +110,11 @@ async def resident(gateway: Gateway, route: Route, ctx: RequestContext, keep_ali
     qp = gateway.policy.classes[route.class_name].queue_policy(ctx.priority_level or
                                                                gateway.policy.classes[route.class_name]
                                                                .default_priority_level)
-    timeout_us = qp.default_timeout_microseconds if qp.timeout_action == "REJECT" else 0
-    if ctx.timeout_us and qp.allow_timeout_override:
-        timeout_us = min(timeout_us, ctx.timeout_us) if timeout_us else ctx.timeout_us
+    timeout_us = 0  # DELAY: a late request moves behind in its queue and never fails; nor while its model loads
+    if qp.timeout_action == "REJECT":
+        timeout_us = qp.default_timeout_microseconds
+        if ctx.timeout_us and qp.allow_timeout_override:
+            timeout_us = min(timeout_us, ctx.timeout_us) if timeout_us else ctx.timeout_us
     try:
         await gateway.ensure_llm(route.model, timeout_us / 1e6 if timeout_us else None, route.class_name,
                                  qp.max_queue_size)

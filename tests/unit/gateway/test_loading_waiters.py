@@ -17,7 +17,7 @@ from homeai.engine.errors import QueueTimeoutError
 from homeai.gateway.gateway import LOAD_RETRY_AFTER_S, Gateway, Route
 from homeai.gateway.metering import Meter
 from homeai.metrics.recorder import MetricsRecorder
-from homeai.policy.loader import load_policy
+from homeai.policy.loader import load_policy, parse_policy
 from homeai.policy.store import PolicyHolder
 from homeai.scheduling.class_queue import QueueFullError
 
@@ -87,6 +87,23 @@ def test_a_request_refused_while_its_model_loads_is_counted_as_a_refusal() -> No
 
     asyncio.run(scenario())
     assert recorder.rejections("voice") == {"queue_full": 1, "timeout": 1}
+
+
+def test_a_delay_class_waits_for_its_models_load_whatever_timeout_the_request_names() -> None:
+    """Under DELAY a request past its timeout moves behind in its class queue and never fails; with a timeout
+    header it was a 503 while its model loaded (the header became a hard limit on the load's wait)."""
+    text = DEFAULT_POLICY.read_text().replace(  # chat (DELAY) takes a request's own timeout
+        "      timeout_action: DELAY\n", "      timeout_action: DELAY\n      allow_timeout_override: true\n", 1)
+    gateway = Gateway(PolicyHolder(parse_policy(text, source="test")), pool=LoadingPool())  # type: ignore[arg-type]
+    waited: list[float | None] = []
+
+    async def ensure_llm(model: str, timeout_s: float | None, class_name: str, max_waiting: int = 0) -> None:
+        waited.append(timeout_s)
+
+    gateway.ensure_llm = ensure_llm  # type: ignore[method-assign,assignment]
+    asyncio.run(resident(gateway, Route("big", "chat"), RequestContext("ann", None, None, timeout_us=10_000)))
+    asyncio.run(resident(gateway, Route("big", "voice"), RequestContext("ann", None, None, timeout_us=10_000)))
+    assert waited == [None, 0.01]  # chat (DELAY) waits for the load; voice (REJECT) within the header's 10 ms
 
 
 def test_after_the_drain_deadline_no_request_starts() -> None:
