@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from homeai.core.types import FinishReason, SamplingParams
 
@@ -66,6 +66,9 @@ class Sequence:
     num_preemptions: int = 0
     sink: TextSink | None = None
     pending_text: str = ""  # produced by the sink since the engine last emitted
+    # logprobs of tokens whose text the sink still holds (it may begin a stop string, or end in half a
+    # character): they go out with that text, and are dropped with it when a stop string cuts it
+    held_logprobs: list[Any] = field(default_factory=list)
     first_token_s: float | None = None
     # What the request asked of its queue (None: the class's defaults).
     priority_level: int | None = None

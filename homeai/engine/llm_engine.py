@@ -308,7 +308,12 @@ class LLMEngine:
             delta.queue_s = max(0.0, seq.admitted_s - seq.arrival_s)
         sid = seq.seq_id
         if seq.params.logprobs is not None and output is not None and sid in output.sampled and new_ids:
-            delta.logprobs = [TokenLogprob(output.sampled[sid], output.logprobs[sid], output.top_logprobs.get(sid, []))]
+            seq.held_logprobs.append(TokenLogprob(output.sampled[sid], output.logprobs[sid],
+                                                  output.top_logprobs.get(sid, [])))
+        if seq.held_logprobs and (text or seq.status.is_finished):
+            # with the text they made; a stop string's tokens (their text cut) are not part of the answer
+            cut = seq.sink is not None and seq.sink.stopped and not text
+            delta.logprobs, seq.held_logprobs = ([] if cut else seq.held_logprobs), []
         return delta
 
     def _fail_all(self, message: str) -> None:
