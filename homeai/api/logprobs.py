@@ -59,14 +59,17 @@ def chat_logprobs(items: list[TokenLogprob], tokenizer: Any) -> dict[str, Any]:
 
 
 def completion_logprobs(items: list[TokenLogprob], tokenizer: Any, offset: int = 0) -> dict[str, Any]:
-    """``choice.logprobs`` of a text completion: tokens, their logprobs, top alternatives, text offsets."""
+    """``choice.logprobs`` of a text completion: tokens, their logprobs, top alternatives, text offsets. A
+    token's offset is the characters of text before it, counted from the bytes of the tokens before it: a
+    character split over tokens (each alone decodes to U+FFFD) counted one per token, and every offset after
+    it pointed at the wrong character."""
     tokens, offsets = [], []
     items = _content(items, tokenizer)
+    before = b""
     for item in items:
-        offsets.append(offset)
-        text = _text(tokenizer, item.token_id)
-        tokens.append(text)
-        offset += len(text)
+        offsets.append(offset + len(before.decode("utf-8", errors="ignore")))  # a partial last character: 0
+        tokens.append(_text(tokenizer, item.token_id))
+        before += token_bytes(tokenizer, item.token_id)
     return {"tokens": tokens, "token_logprobs": [_finite(i.logprob) for i in items],
             "top_logprobs": [{_text(tokenizer, t): _finite(lp) for t, lp in i.top} for i in items],
             "text_offset": offsets}
