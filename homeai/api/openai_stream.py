@@ -116,8 +116,9 @@ async def stream_chunks(admitted: Admission, obj: str, include_usage: bool,
         offset += len(text)
         return chunk({"index": 0, "text": text, "finish_reason": reason, "logprobs": lp})
 
-    if is_chat:
-        yield piece({"role": "assistant", "content": ""})
+    if is_chat:  # an answer that may be calls starts without content: all calls, its content stays null (as
+        # non-streamed and OpenAI's; "" made the SDK's helpers see an empty text and report a content event)
+        yield piece({"role": "assistant"} if admitted.reads_calls else {"role": "assistant", "content": ""})
     elif prefix:
         yield piece({}, text=prefix)
     async with aclosing(reader.steps()) as steps:

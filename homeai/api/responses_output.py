@@ -28,7 +28,9 @@ class OutputItems:
         self._text: list[str] | None = None  # the open message's text parts (None: no message open)
         self._call_items: dict[int, dict[str, Any]] = {}  # call index -> its item
 
-    def feed(self, parsed: list[ParseEvent], finished: bool) -> list[Event]:
+    def feed(self, parsed: list[ParseEvent], finished: bool, reason: FinishReason | None = None) -> list[Event]:
+        """``reason``: how the answer ended (with ``finished``): a message the budget cut is closed
+        "incomplete" in its ``output_item.done`` as in the final response (it said "completed" there)."""
         events: list[Event] = []
         for e in parsed:
             if e.text:
@@ -38,7 +40,7 @@ class OutputItems:
         if finished:
             if self._text is None and not self.items:
                 events += self._open_message()
-            events += self._close_message()
+            events += self._close_message("incomplete" if reason == FinishReason.LENGTH else "completed")
         return events
 
     def output(self, reason: FinishReason | None) -> list[dict[str, Any]]:
@@ -66,13 +68,13 @@ class OutputItems:
         self._text.append(text)
         return [*events, ("response.output_text.delta", {**self._where(), "delta": text, "logprobs": []})]
 
-    def _close_message(self) -> list[Event]:
+    def _close_message(self, status: str = "completed") -> list[Event]:
         if self._text is None:
             return []
         text, self._text = "".join(self._text), None
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         item = self.items[-1]
-        item.update(status="completed", content=[part])
+        item.update(status=status, content=[part])
         where = self._where()
         return [("response.output_text.done", {**where, "text": text, "logprobs": []}),
                 ("response.content_part.done", {**where, "part": part}),

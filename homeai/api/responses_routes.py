@@ -73,6 +73,8 @@ def input_messages(data: ResponsesRequest) -> list[dict[str, str]]:
             messages.append({"role": _ROLES[item["role"]], "content": text})
         elif kind == "function_call_output":
             output = item.get("output", "")
+            if isinstance(output, list):  # input_text parts, as the SDK's types allow: their text
+                output = _item_text(output, f"input[{i}].output")
             messages.append(tool_result_message(output if isinstance(output, str) else json.dumps(output)))
         elif kind == "message":
             raise BadRequest(f"unknown role {item.get('role')!r}", param=f"input[{i}].role")
@@ -90,6 +92,13 @@ def response_request(data: ResponsesRequest) -> LLMRequest:
         raise BadRequest(f"previous response {data.previous_response_id!r} not found: this server stores no "
                          "responses; send the whole conversation as input", param="previous_response_id",
                          code="previous_response_not_found")
+    # refused, never dropped: answered without them, the client got a 200 with no history or no template
+    if data.conversation is not None:
+        raise BadRequest("conversation not found: this server stores no conversations; send the whole "
+                         "conversation as input", param="conversation", code="conversation_not_found")
+    if data.prompt is not None:
+        raise BadRequest("stored prompts are not supported: send the instructions and input themselves",
+                         param="prompt")
     last = data.input if isinstance(data.input, str) else data.input[-1]
     user_last = isinstance(last, str) or (last.get("type", "message") == "message" and last.get("role") == "user")
     sampling = SamplingParams(temperature=1.0 if data.temperature is None else data.temperature,
@@ -119,7 +128,7 @@ class _Reply:
             "model": self.gen.route.model, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete and output is not None else None,
             "instructions": data.instructions, "metadata": data.metadata or {}, "output": output or [],
-            "parallel_tool_calls": self.plan.parallel, "tool_choice": data.tool_choice or "auto",
+            "parallel_tool_calls": self.plan.parallel, "tool_choice": self._tool_choice(),
             "tools": [{"type": "function", "name": t.name, "description": t.description,
                        "parameters": t.parameters, "strict": True} for t in self.plan.tools],
             "temperature": data.temperature, "top_p": data.top_p, "max_output_tokens": data.max_output_tokens,
@@ -127,9 +136,18 @@ class _Reply:
             "text": msgspec.to_builtins(data.text) if data.text else {"format": {"type": "text"}},
             "usage": None if output is None else {
                 "input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
-                "input_tokens_details": {"cached_tokens": self.gen.num_cached_tokens},
+                "input_tokens_details": {"cached_tokens": self.gen.num_cached_tokens, "cache_write_tokens": 0},
                 "output_tokens_details": {"reasoning_tokens": 0}},
         }
+
+
+    def _tool_choice(self) -> Any:
+        """What was applied: the request's named function, else the mode (a class may force "required"
+        where the request said nothing; "auto" was reported then)."""
+        choice = self.data.tool_choice
+        if isinstance(choice, dict) or not self.plan.tools:
+            return choice or "auto"
+        return self.plan.mode
 
 
 async def response_events(admitted: Admission, reply: _Reply) -> AsyncGenerator[bytes, None]:
@@ -153,7 +171,7 @@ async def response_events(admitted: Admission, reply: _Reply) -> AsyncGenerator[
                           "error": {"code": "server_error", "message": step.error}}
                 yield event("response.failed", response=failed)
                 return
-            for kind, fields in items.feed(step.events, step.finished):
+            for kind, fields in items.feed(step.events, step.finished, step.finish_reason):
                 yield event(kind, **fields)
             reason = step.finish_reason
     final = reply.body(items.output(reason), reason)
@@ -170,7 +188,7 @@ async def response_body(admitted: Admission, reply: _Reply) -> dict[str, Any]:
     else:
         events = [ParseEvent(text=text)] if text else []
     items = OutputItems(reply.gen.request_id)
-    items.feed(events, True)
+    items.feed(events, True, reason)
     return reply.body(items.output(reason), reason)
 
 

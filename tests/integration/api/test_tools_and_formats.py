@@ -94,6 +94,45 @@ def test_streamed_call_reassembles_to_the_non_streamed_one(client: OpenAI) -> No
         [(c.function.name, c.function.arguments) for c in whole]
 
 
+def test_a_streamed_answer_of_calls_has_no_content_as_the_whole_one(client: OpenAI) -> None:
+    """The first streamed chunk said content "": the SDK's stream helper saw an empty text (and a content
+    event) where the non-streamed answer, and OpenAI's, have null beside the calls."""
+    kwargs: dict[str, Any] = {"model": LLM, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
+                              "parallel_tool_calls": False, "temperature": 0, "max_tokens": 160}
+    assert client.chat.completions.create(**kwargs).choices[0].message.content is None
+    with client.chat.completions.stream(**kwargs) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_completion()
+    assert final.choices[0].message.tool_calls and final.choices[0].message.content is None
+    assert "content.delta" not in events
+
+
+def test_responses_report_what_they_applied_and_refuse_what_they_cannot_keep(client: OpenAI) -> None:
+    """tool_choice as applied (a class may force a call where the request names none, as voice does by
+    default: "auto" was reported), cache_write_tokens (an int in the SDK's types: None failed strict
+    validation), a tool result given as input_text parts read as its text (the model read their JSON), and
+    conversation / prompt refused (answered without them: a 200 with no history, no template)."""
+    tools: Any = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                   "parameters": t["function"]["parameters"]} for t in TOOLS]
+    forced = client.responses.create(model=LLM, input="Turn on the kitchen light", tools=tools,
+                                     max_output_tokens=64, temperature=0, extra_headers={"X-HomeAI-Class": "forced"})
+    assert forced.tool_choice == "required" and forced.usage is not None
+    assert forced.usage.input_tokens_details.cache_write_tokens == 0
+    call = {"type": "function_call", "call_id": "call_1", "name": "HassTurnOn", "arguments": '{"name": "kitchen"}'}
+    turn = [{"role": "user", "content": "Turn on the kitchen light"}, call]
+    as_text = client.responses.create(model=LLM, input=[*turn, {"type": "function_call_output", "call_id": "call_1",
+                                                                "output": "done"}], max_output_tokens=1)
+    as_parts = client.responses.create(model=LLM, input=[*turn, {"type": "function_call_output", "call_id": "call_1",
+                                                                 "output": [{"type": "input_text", "text": "done"}]}],
+                                       max_output_tokens=1)
+    assert as_parts.usage is not None and as_text.usage is not None
+    assert as_parts.usage.input_tokens == as_text.usage.input_tokens
+    for field, value in (("conversation", "conv_abc123"), ("prompt", {"id": "pmpt_123"})):
+        with pytest.raises(BadRequestError) as refused:
+            client.responses.create(model=LLM, input="Hi", max_output_tokens=1, extra_body={field: value})
+        assert refused.value.body["param"] == field  # type: ignore[index]
+
+
 def test_json_schema_outputs_validate(client: OpenAI) -> None:
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "room", "schema": ROOM, "strict": True}}
     rooms = ["kitchen", "hall", "bedroom", "garage"]

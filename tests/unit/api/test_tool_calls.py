@@ -114,8 +114,10 @@ def test_what_each_api_makes_of_a_cut_call() -> None:
     assert finish_reason(FinishReason.LENGTH, called) == "length"
     items, parser = OutputItems("r1"), ToolCallParser()
     events = [e for piece in answer for e in items.feed(parser.feed(piece), False)]
-    events += items.feed(parser.finish(), True)
+    events += items.feed(parser.finish(), True, FinishReason.LENGTH)
     assert not any(fields.get("item", {}).get("type") == "function_call" for _, fields in events)
+    done = [fields["item"] for kind, fields in events if kind == "response.output_item.done"]
+    assert [item["status"] for item in done] == ["incomplete"]  # as the final response says (was "completed")
     output = items.output(FinishReason.LENGTH)
     assert [(i["type"], i["status"]) for i in output] == [("message", "incomplete")]
     assert output[0]["content"][0]["text"] == "Sure "
