@@ -165,9 +165,13 @@ async def response_events(admitted: Admission, reply: _Reply) -> AsyncGenerator[
     reason: FinishReason | None = None
     async with aclosing(AnswerReader(admitted.generation, admitted.reads_calls).steps()) as steps:
         async for step in steps:
-            if step.error:
+            if step.error:  # what was streamed stays in the failed response, its open item closed incomplete
+                if items.items:
+                    for kind, fields in items.feed(step.events, True, FinishReason.LENGTH):
+                        yield event(kind, **fields)
                 yield event("error", code="engine_error", message=step.error, param=None)
-                failed = {**reply.body(None, None), "status": "failed",
+                output = items.output(FinishReason.LENGTH) if items.items else []
+                failed = {**reply.body(output, None), "status": "failed",
                           "error": {"code": "server_error", "message": step.error}}
                 yield event("response.failed", response=failed)
                 return
