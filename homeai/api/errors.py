@@ -17,6 +17,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from homeai.engine.errors import (
+    ClassRetiredError,
     EmbedBatchError,
     ModelCapacityError,
     ModelLoadError,
@@ -97,6 +98,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return TooManyRequests(str(exc), code="queue_full", headers=retry_after(exc.retry_after_s))
     if isinstance(exc, QueueTimeoutError):
         return ServiceUnavailable(str(exc), code="queue_timeout", headers=retry_after(1))
+    if isinstance(exc, ClassRetiredError):  # sent again, the new policy routes it
+        return ServiceUnavailable(str(exc), code="class_removed", headers=retry_after(1))
     if isinstance(exc, ModelCapacityError):  # never answered by evicting a pinned model: the client retries
         return ServiceUnavailable(str(exc), param="model", code="model_does_not_fit", headers=retry_after(30))
     if isinstance(exc, ModelUnloadedError):  # it left again while loading again: rare, and a retry loads it

@@ -13,6 +13,11 @@ class QueueTimeoutError(Exception):
     """A queued request passed its timeout under a REJECT policy (HTTP 503)."""
 
 
+class ClassRetiredError(RuntimeError):
+    """A queued request whose class a policy change removed (or moved to another model) before it ran
+    (HTTP 503 with Retry-After: sent again, the new policy routes it)."""
+
+
 class EmbedBatchError(RuntimeError):
     """The batch holding this input failed on the device (HTTP 500 naming the cause)."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from homeai.core.types import FinishReason, TokenDelta
-from homeai.engine.errors import QueueTimeoutError
+from homeai.engine.errors import ClassRetiredError, QueueTimeoutError
 from homeai.scheduling.class_queue import QueueFullError
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Submission:
 
 def outcome_of(exc: BaseException) -> str:
     """The status of a submission that ended with ``exc``."""
-    if isinstance(exc, QueueFullError):
+    if isinstance(exc, (QueueFullError, ClassRetiredError)):
         return "rejected"
     if isinstance(exc, QueueTimeoutError):
         return "timeout"

@@ -25,7 +25,10 @@ from homeai.metrics.windows import LatencyWindow, RateWindow
 
 Clock = Callable[[], float]
 STATUSES = ("ok", "error", "aborted", "rejected", "timeout")
-_STALE_S = 3600.0  # a request never finished after an hour is dropped (a caller bug, not a hang to keep)
+# A request never finished after this long is dropped (a caller bug, not a hang to keep). A week: background
+# queues have no timeout, and a summary queued behind a night's indexing waited past the hour this was,
+# then vanished from the metrics and the request log when it did finish.
+_STALE_S = 7 * 86400.0
 # Users get a Prometheus label (and a token-rate window) of their own up to this many, each name cut to
 # USER_LABEL_CHARS; later ones share OTHER_USERS. Without keys a user is whatever X-HomeAI-User or the body's
 # ``user`` says: a client naming a new one on every request grew /metrics and memory without bound.

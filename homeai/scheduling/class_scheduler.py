@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from homeai.core.block_manager import BlockManager
 from homeai.core.sequence import Sequence, SequenceStatus
 from homeai.core.types import ScheduledChunk, StepOutput, StepPlan
+from homeai.engine.errors import ClassRetiredError
 from homeai.policy.schema import ClassPolicy, Policy
 from homeai.scheduling.class_queue import ClassQueue, QueuedItem
 from homeai.scheduling.clock import Clock, MonotonicClock
@@ -206,6 +207,7 @@ class ClassScheduler(StepScheduler):
             if state.queue.num_queued_for(seq.user) == 0:
                 state.vtc.on_drained(seq.user)
             seq.error = state.retired
+            seq.refusal = ClassRetiredError(f"{state.retired}; send the request again")  # 503, not an engine error
             seq.finish(SequenceStatus.FINISHED_ABORTED)
             self.seqs.pop(seq.seq_id, None)
             self.rejected.append(seq)

@@ -104,3 +104,16 @@ def test_settings_data_dir_and_first_start_policy(tmp_path: Path, monkeypatch: p
     explicit = Settings(data_dir=tmp_path / "d2", policy_path=tmp_path / "mine.yaml")
     assert explicit.prepare_data_dir() == tmp_path / "mine.yaml" and not (tmp_path / "d2" / POLICY_FILE_NAME).exists()
     assert not Settings().requires_keys and Settings(host="0.0.0.0").requires_keys
+
+
+def test_a_request_its_class_retired_before_it_ran_is_a_503_counted_as_rejected() -> None:
+    """A queued request whose class a policy change removed reached its client as a 500 engine error and was
+    counted as an error; sent again, the new policy routes it."""
+    from homeai.api.errors import to_api_error
+    from homeai.engine.errors import ClassRetiredError
+    from homeai.gateway.metering import outcome_of
+
+    retired = ClassRetiredError("class 'voice' was removed by a policy change; send the request again")
+    answer = to_api_error(retired)
+    assert (answer.status_code, answer.code, answer.headers.get("Retry-After")) == (503, "class_removed", "1")
+    assert outcome_of(retired) == "rejected"

@@ -305,3 +305,15 @@ def test_a_node_that_came_back_under_its_name_is_one_series(rec: MetricsRecorder
         "nodes": [node("aaa", "left", 0), node("bbb", "ready", 9000)]}}).decode()
     up = [line for line in text.splitlines() if line.startswith("homeai_node_up{")]
     assert up == ['homeai_node_up{device="cuda:0",node="desktop"} 1.0']
+
+
+def test_a_request_queued_for_hours_is_still_counted_when_it_ends(rec: MetricsRecorder, clock: VirtualClock) -> None:
+    """A request live for more than an hour was dropped (its stats polled twice a second): a summary queued
+    behind a night's indexing (background queues have no timeout) ended with no log row and no count."""
+    rec.request_started("summary", "llm", "summarize", "indexer", "m", 1500)
+    clock.advance(3 * 3600.0)
+    assert rec.num_live() == 1
+    rec.first_token("summary")
+    rec.tokens("summary", 256)
+    rec.finished("summary", "ok", 256)
+    assert rec.recent_requests()[0]["request_id"] == "summary"
