@@ -111,6 +111,11 @@ class BlockManager:
                 break
             hits.append(block)
         partial = self._partial_hit(seq, chain[len(hits) - 1] if hits else root_hash(self.model), len(hits))
+        if partial is not None and self._hash[partial[0]] is not None \
+                and self.blocks_needed(seq.num_tokens + 1) + 1 > self.num_blocks:
+            # copying from a published block holds it until the copy has run: one block more than a request
+            # that fills the pool can have, so it could never start (and held its class's queue for good)
+            partial = None
         self._pending = (seq.seq_id, hits, chain, partial)
         return len(hits) * self.block_size + (partial[1] if partial is not None else 0)
 
@@ -137,6 +142,11 @@ class BlockManager:
         blocks found by ``lookup`` count as had)."""
         have = self._tables.get(seq_id) or self._hits(seq_id)
         return max(0, self.blocks_needed(num_tokens) - len(have))
+
+    def pool_cost(self, seq_id: int, num_tokens: int) -> int:
+        """Blocks the allocation takes out of the pool: new ones, plus reused ones nobody else holds
+        (they stop being evictable), plus a partial hit's copy source while the copy is pending."""
+        return self._pool_cost(seq_id, num_tokens)
 
     def _pool_cost(self, seq_id: int, num_tokens: int) -> int:
         """Blocks the allocation takes out of the pool: new ones, plus reused ones nobody else holds

@@ -359,6 +359,12 @@ class Batcher:
         return self.llm.running_itl_targets_s() if self.llm is not None else []
 
     # ---- bookkeeping -----------------------------------------------------------------------------
+    def llm_turn_passed(self) -> None:
+        """The LLM step chosen ran nothing (its plan was empty): its turn counts as taken, so an interactive
+        embedding batch is not held back behind it."""
+        with self.lock:
+            self._last_was_embed = False
+
     def record(self, what: str, start_s: float, end_s: float, num_items: int = 0) -> None:
         """Account a finished piece of work: its class (or "llm") and how long the device was busy."""
         with self.lock:

@@ -829,8 +829,10 @@ class ClassScheduler(StepScheduler):
         need_slot = len(self.running) >= self.max_num_seqs - self._step.reserved_slots
         whole = max(n, seq.num_tokens + 1)  # a waiting sequence has no KV: all its tokens, the next one's
         headroom = 0
-        if state.rank > self._top_rank:  # never more than the pool leaves beside the whole request
-            headroom = min(int(ADMISSION_HEADROOM * bm.num_blocks), bm.num_blocks - bm.blocks_needed(whole))
+        if state.rank > self._top_rank:  # never more than the pool leaves beside the whole request, as the
+            # block manager counts it (a copy's source too: counted on top, a prompt near the pool's size
+            # asked one block more than the pool has, every step, and never started)
+            headroom = min(int(ADMISSION_HEADROOM * bm.num_blocks), bm.num_blocks - bm.pool_cost(seq.seq_id, whole))
         short = blocks_short(bm, seq, whole, max(0, headroom))
         if not need_slot and short <= 0:
             return True

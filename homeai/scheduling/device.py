@@ -36,15 +36,21 @@ def run_once(batcher: Batcher, device: Device) -> bool:
     device.apply_inbox()
     device.fail_expired()
     work = batcher.take_next()
-    if work is None:
-        return False
     start = batcher.clock.now()
     if work == LLM_STEP:
-        if not device.llm_step(batcher.step_model):
+        if device.llm_step(batcher.step_model):
+            batcher.record(LLM_STEP, start, batcher.clock.now())
+            return True
+        # Its plan was empty (a request that cannot get its KV yet): the LLM's turn is over all the same, and
+        # an embedding batch it held back goes now. Before, every turn went to the empty step while it lasted,
+        # and the search requests behind it waited for good.
+        batcher.llm_turn_passed()
+        work = batcher.take_next()
+        if work == LLM_STEP:
             return False
-        batcher.record(LLM_STEP, start, batcher.clock.now())
-    else:
-        assert isinstance(work, EmbedWork)
-        device.embed_batch(work)
-        batcher.record(work.class_name, start, batcher.clock.now(), len(work.items))
+    if work is None:
+        return False
+    assert isinstance(work, EmbedWork)
+    device.embed_batch(work)
+    batcher.record(work.class_name, start, batcher.clock.now(), len(work.items))
     return True
