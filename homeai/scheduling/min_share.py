@@ -154,9 +154,12 @@ class ShareGuard:
 
 def share_slots(state: LLMClassState, max_num_seqs: int) -> int:
     """Sequence slots a background class's min_share keeps: at least one (0.05 of 16 slots rounded down to
-    none, and the class never ran while interactive work kept every slot busy)."""
+    none, and the class never ran while interactive work kept every slot busy), and at most half of them:
+    with ``max_num_seqs: 1`` that one slot went to the summaries, and voice timed out behind 15 of them."""
     share = state.policy.min_share
-    return max(1, int(share * max_num_seqs)) if state.policy.background and share > 0 else 0
+    if not state.policy.background or share <= 0:
+        return 0
+    return min(max(1, int(share * max_num_seqs)), max_num_seqs // 2)
 
 
 def share_protected(classes: Iterable[LLMClassState], running: list[Sequence], bm: BlockManager,
