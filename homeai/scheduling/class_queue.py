@@ -128,7 +128,11 @@ class ClassQueue:
         heaviest = max(level.user_live, key=lambda u: level.user_live[u], default=None)
         if heaviest is None or heaviest == user or level.user_live[heaviest] < level.user_live.get(user, 0) + 2:
             raise error
-        newest = max((it for it in level.in_order() if it.user == heaviest), key=lambda it: it.seq)
+        # never one put back after it ran (preempted): it may have streamed, and a 429 mid-answer is no refusal
+        candidates = [it for it in level.in_order() if it.user == heaviest and not it.requeued]
+        if not candidates:
+            raise error
+        newest = max(candidates, key=lambda it: it.seq)
         self._drop(newest)
         self._pushed_out.append((newest, error))
 
@@ -141,6 +145,7 @@ class ClassQueue:
         """Put back a request that was taken but could not run: head of its level, same deadline."""
         if item.request_id in self._by_id:
             raise ValueError(f"request {item.request_id!r} is already queued in {self.name!r}")
+        item.requeued = True
         self._insert(item, front=True)
 
     def _insert(self, item: QueuedItem, front: bool) -> None:

@@ -33,6 +33,7 @@ class QueuedItem:
     cancelled: bool = False
     cost: int = 1
     payload: Any = None
+    requeued: bool = False  # taken once and put back (a preempted sequence, which may have streamed already)
     state: int = field(default=GONE, repr=False)
     seq: int = field(default=0, repr=False)  # push order
     gen: int = field(default=0, repr=False)  # which deque entries are current

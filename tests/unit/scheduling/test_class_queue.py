@@ -118,6 +118,27 @@ def test_a_full_level_pushes_out_the_newest_request_of_the_user_holding_most() -
     assert not q.take_pushed_out() and sorted(i.request_id for i in q) == ["a0", "a1", "k0", "k1"]
 
 
+def test_a_request_put_back_after_it_ran_is_never_pushed_out() -> None:
+    """A preempted request goes back into its queue; as its user's newest it was pushed out of a full level:
+    a 429 in the middle of an answer that had streamed. The user's newest that never ran goes instead."""
+    clock = VirtualClock()
+    q = make_queue(max_batch_size=8, default_queue_policy={"max_queue_size": 4})
+    for i in range(3):
+        push(q, clock, f"k{i}", "kid")
+    ran = push(q, clock, "k3", "kid")
+    q.take(ran, clock.now())  # it runs, streams, and is preempted
+    q.requeue_front(ran)
+    push(q, clock, "a0", "alice")
+    assert [v.request_id for v, _ in q.take_pushed_out()] == ["k2"] and "k3" in q
+    only_ran = make_queue(max_batch_size=8, default_queue_policy={"max_queue_size": 2})
+    for rid in ("r0", "r1"):
+        item = push(only_ran, clock, rid, "kid")
+        only_ran.take(item, clock.now())
+        only_ran.requeue_front(item)
+    with pytest.raises(QueueFullError):  # nothing of the kid's may go: the newcomer gets the 429
+        push(only_ran, clock, "a0", "alice")
+
+
 def test_reject_timeout_hands_the_request_back_and_it_never_batches() -> None:
     clock = VirtualClock()
     q = make_queue(max_batch_size=8, max_queue_delay_microseconds=5_000_000,
