@@ -422,27 +422,33 @@ async def test_two_index_runs_of_one_collection_take_turns(store: Store, tmp_pat
 async def test_a_one_time_job_resumed_after_its_time_runs_or_says_why(store: Store) -> None:
     """Paused before its date and resumed after it: APScheduler dropped the resumed date job as missed, and the
     job stayed "queued" with no next run for good. Within the misfire grace it runs now; later it fails."""
+
+    def soon() -> datetime:  # whole seconds (as people write them), far enough ahead to be stored in time
+        return (datetime.now() + timedelta(seconds=2)).replace(microsecond=0)
+
+    async def until(when: datetime, after_s: float) -> None:
+        await asyncio.sleep(max(0.0, (when - datetime.now()).total_seconds() + after_s))
+
     manager = JobManager(store, lambda: object(), misfire_grace_s=60)
     await manager.start()
     try:
-        soon = (datetime.now() + timedelta(seconds=1)).isoformat(timespec="seconds")
-        job = await manager.add("retention", {"days": 30}, soon, "test")
+        when = soon()
+        job = await manager.add("retention", {"days": 30}, when.isoformat(), "test")
         assert await manager.pause(job.id)
-        await asyncio.sleep(2.2)  # its time passes while it is paused
+        await until(when, 0.3)  # its time passes while it is paused
         assert await manager.resume(job.id)
         await wait_run(job.id)
         ran = await store.jobs.get(job.id)
         assert ran is not None and ran.state == "done"
-
     finally:
         await manager.shutdown()
     manager = JobManager(store, lambda: object(), misfire_grace_s=1)
     await manager.start()
     try:
-        soon = (datetime.now() + timedelta(seconds=1)).isoformat(timespec="seconds")
-        late = await manager.add("retention", {"days": 30}, soon, "test")
+        when = soon()
+        late = await manager.add("retention", {"days": 30}, when.isoformat(), "test")
         assert await manager.pause(late.id)
-        await asyncio.sleep(3.2)  # past its time by more than the grace
+        await until(when, 1.5)  # past its time by more than the grace
         assert await manager.resume(late.id)
         await asyncio.sleep(0.5)  # APScheduler's look at the resumed job
         failed = await store.jobs.get(late.id)
