@@ -82,9 +82,9 @@ def test_responses(client: OpenAI) -> None:
     kinds = [e.type for e in events]
     assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    # The same request again finds the prompt cached as the stream did (the first computed all of it; a
-    # cached prompt's last tokens go through other kernels, which may move a near tie: see the README's
-    # "Prefix caching"), so streamed and whole answers must agree token for token.
+    # The same request again finds the prompt cached as the stream did (the first computed all of it; where
+    # a cached prompt's last tokens go through other kernels than the whole prompt did, which may move a near
+    # tie, see the README's "Prefix caching"), so streamed and whole answers must agree token for token.
     again = client.responses.create(model="chat", input="What is the capital of France?", temperature=0,
                                     instructions="Answer briefly.", max_output_tokens=8)
     assert deltas == events[-1].response.output_text == again.output_text
