@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,6 +394,19 @@ async def test_stats_stream_events(client: AsyncTestClient[Litestar]) -> None:
     assert r.text.count("event: stats") == 3
 
 
+@asynccontextmanager
+async def watching(holder: PolicyHolder, path: Path, store: Store | None,
+                   **timing: float) -> AsyncIterator[asyncio.Task[None]]:
+    """The file watcher for the length of the block, cancelled (and seen cancelled) after it."""
+    task = start_policy_watcher(holder, path, store, **timing)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 def edit(path: Path, text: str) -> None:
     """Replace the file at once (no half-written state to see) with a later mtime than the last: the
     watcher sees exactly one change, whatever the clock's granularity (these texts have the same size)."""
@@ -413,8 +427,7 @@ async def test_watcher_refuses_invalid_then_applies_valid(holder: PolicyHolder, 
         return verdict
 
     monkeypatch.setattr(policy_watcher, "check_policy_file", recording_check)
-    task = start_policy_watcher(holder, policy_file, store, interval_s=0.02)
-    try:
+    async with watching(holder, policy_file, store, interval_s=0.02) as task:
         await asyncio.sleep(0)  # one loop turn: the watcher has taken the file's first signature
         edit(policy_file, VOICE_QUEUE_BAD)
         assert await asyncio.wait_for(checked.get(), DEFAULT_TIMEOUT_S) is False  # seen, and refused
@@ -427,10 +440,6 @@ async def test_watcher_refuses_invalid_then_applies_valid(holder: PolicyHolder, 
         versions = await store.policy_versions.history()
         assert [v.applied_by for v in versions] == ["file", "system"]
         assert not task.done()
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_a_file_refused_for_a_model_not_pulled_applies_once_it_is(tmp_path: Path,
@@ -449,8 +458,7 @@ async def test_a_file_refused_for_a_model_not_pulled_applies_once_it_is(tmp_path
     pulled = {"big": False}
     use_catalog(holder, lambda: ModelCatalog({"m": CatalogModel("m", "llm", True, 1),
                                               "big": CatalogModel("big", "llm", pulled["big"], 1)}))
-    task = start_policy_watcher(holder, path, None, interval_s=0.01, retry_s=0.05)
-    try:
+    async with watching(holder, path, None, interval_s=0.01, retry_s=0.05):
         await asyncio.sleep(0)
         edit(path, after)
         await await_until(lambda: "refused" in caplog.text)
@@ -459,10 +467,6 @@ async def test_a_file_refused_for_a_model_not_pulled_applies_once_it_is(tmp_path
         assert holder.current.classes["chat"].model == "m" and len(refusals) == 1
         pulled["big"] = True  # the user does what the message said: `homeai pull big`
         await await_until(lambda: holder.current.classes["chat"].model == "big")
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_a_file_written_in_pieces_is_applied_whole_not_its_first_half(tmp_path: Path) -> None:
@@ -476,8 +480,7 @@ async def test_a_file_written_in_pieces_is_applied_whole_not_its_first_half(tmp_
     holder.subscribe(lambda p, _v: swaps.append(sorted(p.classes)))
     edited = DEFAULT_TEXT.replace("max_queue_size: 16", "max_queue_size: 32")
     cut = edited.index("  # Background document indexing")
-    task = start_policy_watcher(holder, path, None, interval_s=0.02, settle_s=0.3)
-    try:
+    async with watching(holder, path, None, interval_s=0.02, settle_s=0.3):
         await asyncio.sleep(0.05)
         with path.open("w", encoding="utf-8") as f:
             f.write(edited[:cut])
@@ -486,10 +489,6 @@ async def test_a_file_written_in_pieces_is_applied_whole_not_its_first_half(tmp_
             f.write(edited[cut:])
         await await_until(lambda: holder.current.classes["voice"].default_queue_policy.max_queue_size == 32)
         assert swaps == [sorted(load_policy(DEFAULT_POLICY).classes)]  # one swap: the whole file
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_a_file_that_could_not_be_read_is_read_again_without_an_edit(tmp_path: Path,
@@ -508,18 +507,13 @@ async def test_a_file_that_could_not_be_read_is_read_again_without_an_edit(tmp_p
         return read_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", guarded)
-    task = start_policy_watcher(holder, path, None, interval_s=0.01, retry_s=0.05, settle_s=0.02)
-    try:
+    async with watching(holder, path, None, interval_s=0.01, retry_s=0.05, settle_s=0.02):
         await asyncio.sleep(0.03)
         edit(path, DEFAULT_TEXT.replace("max_queue_size: 16", "max_queue_size: 32"))
         await asyncio.sleep(0.2)  # seen, and could not be read
         assert holder.current.classes["voice"].default_queue_policy.max_queue_size == 16
         readable["now"] = True  # chmod 644: no edit
         await await_until(lambda: holder.current.classes["voice"].default_queue_policy.max_queue_size == 32)
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_a_put_made_on_an_older_policy_is_refused_not_undoing_the_change_between(

@@ -30,6 +30,15 @@ async def wait_run(job_id: int) -> None:
         await asyncio.wait_for(asyncio.shield(run), DEFAULT_TIMEOUT_S)
 
 
+def docs_folder(tmp_path: Path, num_files: int, words: int) -> Path:
+    """A folder of ``num_files`` text files of ``words`` distinct words each, to index."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(num_files):
+        (folder / f"f{i:02}.txt").write_text(" ".join(f"word{i}_{k}" for k in range(words)))
+    return folder
+
+
 async def test_schedules_survive_a_restart(store: Store) -> None:
     first = JobManager(store, lambda: None)
     await first.start()
@@ -171,10 +180,7 @@ async def test_an_index_run_resumed_while_it_stops_goes_on_to_the_end(store: Sto
             return await super().embed(texts)
 
     monkeypatch.setattr(manager_module, "GatewayTextEmbedder", lambda gateway: HeldEmbedder())
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for i in range(10):
-        (folder / f"f{i}.txt").write_text(" ".join(f"word{i}_{j}" for j in range(40)))
+    folder = docs_folder(tmp_path, 10, 40)
     manager = JobManager(store, lambda: object(), batch_chunks=1)
     await manager.start()
     finish_run = store.jobs.finish_run
@@ -399,10 +405,7 @@ async def test_two_index_runs_of_one_collection_take_turns(store: Store, tmp_pat
             return await super().embed(texts)
 
     monkeypatch.setattr(manager_module, "GatewayTextEmbedder", lambda gateway: SlowEmbedder())
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for i in range(12):
-        (folder / f"f{i:02}.txt").write_text(" ".join(f"word{i}_{k}" for k in range(200)))
+    folder = docs_folder(tmp_path, 12, 200)
     manager = JobManager(store, lambda: object(), batch_chunks=2)
     await manager.start()
     try:
